@@ -1,0 +1,27 @@
+"""onnax: JAX-style transformations (grad, jvp, vjp) of ONNX models, emitting ordinary ONNX."""
+
+from onnax.api import grad, jvp, vjp
+from onnax.errors import (
+    InvalidModelError,
+    OnnaxError,
+    SelectionError,
+    UnsupportedOperatorError,
+    UnsupportedValueError,
+)
+from onnax.passes import GradPass, JvpPass, VjpPass
+
+__all__ = [
+    "GradPass",
+    "InvalidModelError",
+    "JvpPass",
+    "OnnaxError",
+    "SelectionError",
+    "UnsupportedOperatorError",
+    "UnsupportedValueError",
+    "VjpPass",
+    "grad",
+    "jvp",
+    "vjp",
+]
+
+__version__ = "0.1.0"

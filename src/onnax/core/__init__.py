@@ -1,0 +1,1 @@
+"""Core machinery shared by every transform: registry, emitter, shapes, naming, selection."""

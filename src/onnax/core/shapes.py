@@ -1,0 +1,136 @@
+"""Broadcasting helpers and the shape oracle of the reverse sweep.
+
+``unbroadcast`` sums a cotangent shaped like a broadcast result back to an operand's shape. It
+decides statically where the shapes allow it and falls back to axes computed at run time only
+for the dimensions that are symbolic, so a dynamic batch dimension survives into the derivative
+model.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+
+import onnx_ir as ir
+
+from onnax.core.emit import Emitter, InternalRuleError
+
+__all__ = ["ShapeOracle", "broadcast_to", "dims_key", "same_shape", "unbroadcast"]
+
+
+def dims_key(shape: ir.Shape | None) -> tuple[object, ...] | None:
+    """A hashable key of a shape whose dimensions are all known (ints or named symbols)."""
+    if shape is None:
+        return None
+    key: list[object] = []
+    for d in shape.dims:
+        if isinstance(d, int):
+            key.append(d)
+        elif d.value is None:
+            return None
+        else:
+            key.append(str(d.value))
+    return tuple(key)
+
+
+def same_shape(a: ir.Value, b: ir.Value) -> bool:
+    """True when both shapes are known and provably equal."""
+    ka, kb = dims_key(a.shape), dims_key(b.shape)
+    return ka is not None and ka == kb
+
+
+def _require_shape(value: ir.Value, what: str) -> ir.Shape:
+    if value.shape is None:
+        raise InternalRuleError(f"{what}: the shape of {value.name!r} is unknown")
+    return value.shape
+
+
+def broadcast_to(em: Emitter, t: ir.Value, operand: ir.Value, result: ir.Value) -> ir.Value:
+    """Expands tangent ``t`` of ``operand`` to the shape of the broadcast ``result``."""
+    if same_shape(operand, result):
+        return t
+    return em.op("Expand", [t, em.shape(result)])
+
+
+def unbroadcast(em: Emitter, ct: ir.Value, operand: ir.Value, result: ir.Value) -> ir.Value:
+    """Sums cotangent ``ct`` (shaped like ``result``) back to the shape of ``operand``."""
+    if same_shape(operand, result):
+        return ct
+    target = _require_shape(operand, "unbroadcast")
+    full = _require_shape(result, "unbroadcast")
+    lead = full.rank() - target.rank()
+    if lead < 0:
+        raise InternalRuleError(f"unbroadcast: {operand.name!r} has a higher rank than the result")
+    static_axes: list[int] = []
+    dynamic = False
+    for i, dt in enumerate(target.dims):
+        dr = full.dims[lead + i]
+        if isinstance(dt, int):
+            if dt == 1 and dr != 1:
+                static_axes.append(lead + i)
+        elif not (isinstance(dr, ir.SymbolicDim) and dr.value is not None and dr == dt):
+            dynamic = True
+    out = ct
+    if static_axes:
+        out = em.reduce_sum(out, static_axes, keepdims=True)
+    if dynamic:
+        # A symbolic operand dimension may be 1 at run time; summing over every axis where the
+        # operand is 1 is exact, because summing an axis that is already 1 changes nothing.
+        operand_shape = em.shape(operand)
+        if lead:
+            operand_shape = em.op("Concat", [em.ints([1] * lead), operand_shape], {"axis": 0})
+        is_one = em.op("Equal", [operand_shape, em.ints([1])])
+        axes = em.op("Reshape", [em.op("NonZero", [is_one]), em.ints([-1])])
+        out = em.op("ReduceSum", [out, axes], {"keepdims": 1, "noop_with_empty_axes": 1})
+    if lead:
+        out = em.reduce_sum(out, list(range(lead)), keepdims=False)
+    return out
+
+
+class ShapeOracle:
+    """Finds run-time shapes of linear values from the non-linear values of a graph.
+
+    The reverse sweep never computes the linear (tangent) values, so their shapes must be read off
+    non-linear values: first the primal a tangent belongs to, then any value with the same
+    symbolic shape, and finally one dimension at a time.
+
+    Args:
+        values: Non-linear values with inferred shapes, in graph order.
+        tangent_of: Maps a tangent to the primal value it is the tangent of.
+    """
+
+    def __init__(self, values: Iterable[ir.Value], tangent_of: dict[ir.Value, ir.Value]) -> None:
+        self.tangent_of = tangent_of
+        self._by_shape: dict[tuple[object, ...], ir.Value] = {}
+        self._by_dim: dict[str, tuple[ir.Value, int]] = {}
+        for v in values:
+            key = dims_key(v.shape)
+            if v.shape is None:
+                continue
+            if key is not None:
+                self._by_shape.setdefault(key, v)
+            for axis, d in enumerate(v.shape.dims):
+                if isinstance(d, ir.SymbolicDim) and d.value is not None:
+                    self._by_dim.setdefault(str(d.value), (v, axis))
+
+    def __call__(self, em: Emitter, value: ir.Value) -> ir.Value | None:
+        """Emits the run-time shape of linear ``value`` through ``em``; None if unknown."""
+        primal = self.tangent_of.get(value)
+        if primal is not None:
+            return em.shape(primal)
+        key = dims_key(value.shape)
+        if key is None or value.shape is None:
+            return None
+        witness = self._by_shape.get(key)
+        if witness is not None:
+            return em.op("Shape", [witness])
+        pieces: list[ir.Value] = []
+        for d in value.shape.dims:
+            if isinstance(d, int):
+                pieces.append(em.ints([d]))
+                continue
+            found = self._by_dim.get(str(d.value))
+            if found is None:
+                return None
+            source, axis = found
+            pieces.append(em.slice(em.op("Shape", [source]), [axis], [axis + 1], [0]))
+        return em.op("Concat", pieces, {"axis": 0})

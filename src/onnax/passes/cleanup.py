@@ -1,0 +1,33 @@
+"""Tidying a transformed model: dead code, order, types, names, validity."""
+
+from __future__ import annotations
+
+import onnx_ir as ir
+import onnx_ir.passes.common as common
+
+from onnax.passes.prepare import infer_shapes
+
+__all__ = ["cleanup", "set_output_type"]
+
+
+def set_output_type(value: ir.Value, like: ir.Value) -> None:
+    """Gives a new graph output the type and shape of the primal value it belongs to."""
+    value.type = like.type
+    value.shape = like.shape.copy() if like.shape is not None else None
+
+
+def cleanup(model: ir.Model) -> ir.Model:
+    """Removes dead nodes, sorts, infers shapes and makes every name unique.
+
+    The primal part of a derivative model is kept whole (its outputs are still outputs); what
+    goes is the forward work that no requested derivative needs.
+    """
+    common.RemoveUnusedNodesPass()(model)
+    common.CommonSubexpressionEliminationPass()(model)
+    common.RemoveUnusedNodesPass()(model)
+    infer_shapes(model)
+    common.OutputFixPass()(model)
+    common.NameFixPass()(model)
+    if not model.graph.name:
+        model.graph.name = "main"
+    return model

@@ -1,0 +1,90 @@
+"""Gradients of a scalar: ``GradPass``."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import onnx_ir as ir
+
+from onnax.core.emit import Emitter
+from onnax.core.naming import NameClaims, diff_prefix, io_names
+from onnax.core.selection import is_float, select_inputs, select_outputs
+from onnax.errors import SelectionError
+from onnax.passes.cleanup import cleanup, set_output_type
+from onnax.passes.jvp import materialize
+from onnax.passes.linearize import linearize
+from onnax.passes.prepare import prepare
+from onnax.passes.transpose import transpose_linear
+
+__all__ = ["GradPass"]
+
+
+def _scalar_output(graph: ir.Graph, output: str | None) -> ir.Value:
+    if output is not None and not isinstance(output, str):
+        raise SelectionError(
+            f"grad: `output` must be one graph output name (str), got {type(output).__name__}; "
+            "for several outputs use vjp(model, outputs=[...])"
+        )
+    if output is None:
+        scalars = [v for v in graph.outputs if is_float(v) and v.shape is not None and v.shape.rank() == 0]
+        if len(scalars) != 1:
+            described = [
+                f"{v.name} ({v.dtype.name if v.dtype else v.type}, shape "
+                f"{list(v.shape.dims) if v.shape is not None else 'unknown'})"
+                for v in graph.outputs
+            ]
+            found = "no" if not scalars else f"{len(scalars)}"
+            raise SelectionError(
+                f"grad: the model has {found} rank-0 FLOAT/DOUBLE outputs, expected exactly one. "
+                f"Outputs: {described}. Pass output=<name> to choose the loss"
+                + (" among the rank-0 outputs" if scalars else "")
+                + "."
+            )
+        return scalars[0]
+    (y,) = select_outputs(graph, [output], "grad")
+    if y.shape is None or y.shape.rank() != 0:
+        shape = list(y.shape.dims) if y.shape is not None else "unknown"
+        raise SelectionError(
+            f"grad: output {y.name!r} has shape {shape}, expected rank 0 (a scalar loss). "
+            "Reduce it to a scalar in the model (e.g. ReduceSum or ReduceMean with keepdims=0) "
+            f"or use vjp(model, outputs=[{y.name!r}]) and feed an explicit cotangent."
+        )
+    return y
+
+
+class GradPass(ir.passes.FunctionalPass):
+    """Appends the gradient of one rank-0 output: ``(x...) -> (y..., grad_x...)``.
+
+    The seed is an implicit 1, so no input is added. One output per selected input follows the
+    primal outputs, named ``grad_<x>`` (``grad2_`` when the model already uses ``grad_``).
+
+    Args:
+        inputs: Names of the graph inputs or initializers to differentiate with respect to
+            (default: every FLOAT/DOUBLE graph input that is not an initializer).
+        output: The rank-0 FLOAT/DOUBLE output (default: the only one there is).
+    """
+
+    def __init__(self, inputs: str | Sequence[str] | None = None, output: str | None = None) -> None:
+        super().__init__()
+        self.inputs = inputs
+        self.output = output
+
+    def call(self, model: ir.Model) -> ir.passes.PassResult:
+        """Builds the gradient model; the argument is left untouched."""
+        model = prepare(model, "grad")
+        graph = model.graph
+        y = _scalar_output(graph, self.output)
+        xs = select_inputs(graph, self.inputs, "grad")
+        prefix = diff_prefix(io_names(graph), "grad")
+        claims = NameClaims(model)
+        lin = linearize(model, xs, "grad")
+        em = Emitter(lin.opset)
+        seed = em.scalar(1.0, y)
+        graph.extend(em.take())
+        cts = transpose_linear(model, lin, [(y, seed)], xs)
+        for x, ct in zip(xs, cts, strict=True):
+            out = materialize(em, graph, ct, x)
+            claims.claim(out, prefix + x.name)  # type: ignore[operator]
+            set_output_type(out, x)
+            graph.outputs.append(out)
+        return ir.passes.PassResult(cleanup(model), modified=True)

@@ -1,0 +1,67 @@
+"""Forward mode: ``JvpPass``."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import onnx_ir as ir
+
+from onnax.core.emit import Emitter
+from onnax.core.naming import NameClaims, diff_prefix, io_names
+from onnax.core.selection import select_inputs, select_outputs
+from onnax.passes.cleanup import cleanup, set_output_type
+from onnax.passes.linearize import linearize
+from onnax.passes.prepare import prepare
+
+__all__ = ["JvpPass"]
+
+
+def materialize(em: Emitter, graph: ir.Graph, t: ir.Value | None, primal: ir.Value) -> ir.Value:
+    """A value that can become a new graph output: zeros for a symbolic zero, and an Identity
+    where the tangent is already an input or output of the graph."""
+    if t is None:
+        t = em.zeros_like(primal)
+    elif t.is_graph_input() or t.is_graph_output() or t.is_initializer() or t.producer() is None:
+        t = em.op("Identity", [t])
+    graph.extend(em.take())
+    return t
+
+
+class JvpPass(ir.passes.FunctionalPass):
+    """Appends Jacobian-vector products: ``(x..., fwd_x...) -> (y..., fwd_y...)``.
+
+    One tangent input per selected input (same dtype and shape, named ``fwd_<x>``) and one
+    tangent output per selected output (``fwd_<y>`` = J·tangents) follow the primal inputs and
+    outputs. The prefix becomes ``fwd2_``, ``fwd3_``... when the model already uses ``fwd_``.
+
+    Args:
+        inputs: Names of the graph inputs or initializers to differentiate with respect to
+            (default: every FLOAT/DOUBLE graph input that is not an initializer).
+        outputs: Names of the graph outputs to differentiate (default: every FLOAT/DOUBLE output).
+    """
+
+    def __init__(
+        self, inputs: str | Sequence[str] | None = None, outputs: str | Sequence[str] | None = None
+    ) -> None:
+        super().__init__()
+        self.inputs = inputs
+        self.outputs = outputs
+
+    def call(self, model: ir.Model) -> ir.passes.PassResult:
+        """Builds the forward-mode model; the argument is left untouched."""
+        model = prepare(model, "jvp")
+        graph = model.graph
+        xs = select_inputs(graph, self.inputs, "jvp")
+        ys = select_outputs(graph, self.outputs, "jvp")
+        prefix = diff_prefix(io_names(graph), "fwd")
+        claims = NameClaims(model)
+        lin = linearize(model, xs, "jvp")
+        for x, t in zip(xs, lin.tangent_inputs, strict=True):
+            claims.claim(t, prefix + x.name)  # type: ignore[operator]
+        em = Emitter(lin.opset, lin.linear)
+        for y in ys:
+            out = materialize(em, graph, lin.tangent.get(y), y)
+            claims.claim(out, prefix + y.name)  # type: ignore[operator]
+            set_output_type(out, y)
+            graph.outputs.append(out)
+        return ir.passes.PassResult(cleanup(model), modified=True)

@@ -1,0 +1,64 @@
+"""Reverse mode: ``VjpPass``."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import onnx_ir as ir
+
+from onnax.core.emit import Emitter
+from onnax.core.naming import NameClaims, diff_prefix, io_names
+from onnax.core.selection import select_inputs, select_outputs
+from onnax.passes.cleanup import cleanup, set_output_type
+from onnax.passes.jvp import materialize
+from onnax.passes.linearize import linearize
+from onnax.passes.prepare import prepare
+from onnax.passes.transpose import transpose_linear
+
+__all__ = ["VjpPass"]
+
+
+class VjpPass(ir.passes.FunctionalPass):
+    """Appends vector-Jacobian products: ``(x..., adj_y...) -> (y..., adj_x...)``.
+
+    One cotangent input per selected output (same dtype and shape, named ``adj_<y>``) and one
+    cotangent output per selected input (``adj_<x>`` = Jᵀ·cotangents) follow the primal inputs
+    and outputs. The prefix becomes ``adj2_``... when the model already uses ``adj_``.
+
+    Args:
+        inputs: Names of the graph inputs or initializers to differentiate with respect to
+            (default: every FLOAT/DOUBLE graph input that is not an initializer).
+        outputs: Names of the graph outputs to differentiate (default: every FLOAT/DOUBLE output).
+    """
+
+    def __init__(
+        self, inputs: str | Sequence[str] | None = None, outputs: str | Sequence[str] | None = None
+    ) -> None:
+        super().__init__()
+        self.inputs = inputs
+        self.outputs = outputs
+
+    def call(self, model: ir.Model) -> ir.passes.PassResult:
+        """Builds the reverse-mode model; the argument is left untouched."""
+        model = prepare(model, "vjp")
+        graph = model.graph
+        xs = select_inputs(graph, self.inputs, "vjp")
+        ys = select_outputs(graph, self.outputs, "vjp")
+        prefix = diff_prefix(io_names(graph), "adj")
+        claims = NameClaims(model)
+        seeds = []
+        for y in ys:
+            seed = ir.Value(name=None, type=y.type, shape=y.shape.copy() if y.shape else None)
+            claims.claim(seed, prefix + y.name)  # type: ignore[operator]
+            seeds.append((y, seed))
+        lin = linearize(model, xs, "vjp")
+        cts = transpose_linear(model, lin, seeds, xs)
+        for _, seed in seeds:
+            graph.inputs.append(seed)
+        em = Emitter(lin.opset)
+        for x, ct in zip(xs, cts, strict=True):
+            out = materialize(em, graph, ct, x)
+            claims.claim(out, prefix + x.name)  # type: ignore[operator]
+            set_output_type(out, x)
+            graph.outputs.append(out)
+        return ir.passes.PassResult(cleanup(model), modified=True)

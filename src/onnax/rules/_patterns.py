@@ -1,0 +1,75 @@
+"""Pattern helpers shared by the rule modules (the counterparts of JAX's ``defjvp`` family)."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable, Sequence
+
+import onnx_ir as ir
+
+from onnax.core.emit import Emitter
+from onnax.core.registry import jvp_rules, transpose_rules
+
+__all__ = [
+    "Coefficient",
+    "register_elementwise_unary",
+    "register_linear_unary",
+    "register_zero",
+]
+
+Coefficient = Callable[[Emitter, ir.Node, ir.Value, ir.Value], ir.Value]
+"""``(emitter, node, x, y) -> dy/dx``, built from primal values only."""
+
+
+def register_elementwise_unary(op_type: str, since_versions: Iterable[int], coefficient: Coefficient) -> None:
+    """Registers ``fwd_y = coefficient(x, y) * fwd_x`` for a one-input elementwise operator.
+
+    Its reverse mode comes from the transpose of ``Mul``; no transpose rule is needed.
+    """
+
+    def rule(em: Emitter, node: ir.Node, tangents: Sequence[ir.Value | None]) -> list[ir.Value | None]:
+        t = tangents[0]
+        if t is None:
+            return [None]
+        coef = coefficient(em, node, node.inputs[0], node.outputs[0])  # type: ignore[arg-type]
+        return [em.op("Mul", [t, coef])]
+
+    for v in since_versions:
+        jvp_rules.add(op_type, rule, since_version=v)
+
+
+def register_linear_unary(op_type: str, since_versions: Iterable[int], transpose_op: str | None = None) -> None:
+    """Registers a one-input operator that is linear in its first input (``Neg``, ``Identity``).
+
+    The tangent is the operator applied to the tangent; the transpose applies ``transpose_op``
+    (default: the operator itself) to the cotangent. Attributes are carried over.
+    """
+
+    def jvp(em: Emitter, node: ir.Node, tangents: Sequence[ir.Value | None]) -> list[ir.Value | None]:
+        t = tangents[0]
+        if t is None:
+            return [None]
+        attrs = {k: a.value for k, a in node.attributes.items()}
+        return [em.op(node.op_type, [t, *node.inputs[1:]], attrs)]
+
+    def transpose(
+        em: Emitter, node: ir.Node, cts: Sequence[ir.Value | None], linear: Sequence[bool]
+    ) -> list[ir.Value | None]:
+        ct = cts[0]
+        if ct is None:
+            return [None]
+        attrs = {k: a.value for k, a in node.attributes.items()}
+        return [em.op(transpose_op or node.op_type, [ct, *node.inputs[1:]], attrs)]
+
+    for v in since_versions:
+        jvp_rules.add(op_type, jvp, since_version=v)
+        transpose_rules.add(op_type, transpose, since_version=v)
+
+
+def register_zero(op_types: Iterable[str], since_version: int = 1) -> None:
+    """Registers operators whose outputs have a zero derivative (or are not floating point)."""
+
+    def rule(em: Emitter, node: ir.Node, tangents: Sequence[ir.Value | None]) -> list[ir.Value | None]:
+        return [None] * len(node.outputs)
+
+    for op_type in op_types:
+        jvp_rules.add(op_type, rule, since_version=since_version)

@@ -1,0 +1,207 @@
+"""Test oracles that know nothing of the rule table.
+
+* ``fd_jvp``: float64 central finite differences of the primal model, run through onnxruntime.
+* ``check_jvp`` / ``check_vjp``: compare the transformed models against those differences.
+* ``check_adjoint``: ``<u, J v> == <Jᵀ u, v>`` between independently built jvp and vjp models.
+* ``check_model_valid``: ``onnx.checker`` (full check) and an onnxruntime session.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+
+import numpy as np
+import onnx
+import onnx_ir as ir
+import onnxruntime as ort
+
+import onnax
+
+Feeds = Mapping[str, np.ndarray]
+
+
+def session(model: ir.Model | onnx.ModelProto) -> ort.InferenceSession:
+    proto = model if isinstance(model, onnx.ModelProto) else ir.to_proto(model)
+    options = ort.SessionOptions()
+    options.log_severity_level = 3
+    return ort.InferenceSession(proto.SerializeToString(), options, providers=["CPUExecutionProvider"])
+
+
+def run(model: ir.Model, feeds: Feeds) -> dict[str, np.ndarray]:
+    sess = session(model)
+    wanted = {i.name for i in sess.get_inputs()}
+    outs = sess.run(None, {k: v for k, v in feeds.items() if k in wanted})
+    return {o.name: r for o, r in zip(sess.get_outputs(), outs, strict=True)}
+
+
+def check_model_valid(model: ir.Model) -> None:
+    proto = ir.to_proto(model)
+    onnx.checker.check_model(proto, full_check=True)
+    session(proto)
+
+
+def io_name(model: ir.Model, index: int, kind: str = "outputs") -> str:
+    return getattr(model.graph, kind)[index].name
+
+
+def _initializer_arrays(model: ir.Model) -> dict[str, np.ndarray]:
+    return {n: v.const_value.numpy() for n, v in model.graph.initializers.items() if v.const_value is not None}
+
+
+def _with_initializers_as_inputs(model: ir.Model, names: Sequence[str]) -> ir.Model:
+    """A copy where the named initializers are graph inputs, so that FD can perturb them."""
+    if not names:
+        return model
+    copy = ir.from_proto(ir.to_proto(model))
+    for n in names:
+        v = copy.graph.initializers.pop(n)
+        v.const_value = None
+        if v not in copy.graph.inputs:
+            copy.graph.inputs.append(v)
+    return copy
+
+
+def fd_jvp(
+    model: ir.Model,
+    feeds: Feeds,
+    tangents: Mapping[str, np.ndarray],
+    outputs: Sequence[str],
+    eps: float | None = None,
+) -> dict[str, np.ndarray]:
+    """Central differences (f(x + e t) - f(x - e t)) / 2e along the direction ``tangents``."""
+    inits = _initializer_arrays(model)
+    init_names = [n for n in tangents if n in inits and n not in feeds]
+    m = _with_initializers_as_inputs(model, init_names)
+    base = {**feeds, **{n: inits[n] for n in init_names}}
+    sess = session(m)
+    names = [o.name for o in sess.get_outputs()]
+    dtype = next(iter(tangents.values())).dtype
+    if eps is None:
+        eps = 1e-6 if dtype == np.float64 else 1e-2
+
+    def f(sign: float) -> dict[str, np.ndarray]:
+        shifted = dict(base)
+        for n, t in tangents.items():
+            shifted[n] = (base[n].astype(np.float64) + sign * eps * t.astype(np.float64)).astype(base[n].dtype)
+        wanted = {i.name for i in sess.get_inputs()}
+        res = sess.run(None, {k: v for k, v in shifted.items() if k in wanted})
+        return dict(zip(names, res, strict=True))
+
+    plus, minus = f(1.0), f(-1.0)
+    return {y: (plus[y].astype(np.float64) - minus[y].astype(np.float64)) / (2 * eps) for y in outputs}
+
+
+def random_like(rng: np.random.Generator, value: ir.Value, dims: Mapping[str, int] | None = None) -> np.ndarray:
+    shape = [d if isinstance(d, int) else (dims or {}).get(str(d), 3) for d in value.shape.dims]
+    return rng.standard_normal(shape).astype(value.dtype.numpy())
+
+
+def tolerances(dtype: np.dtype) -> dict[str, float]:
+    # float32 differences with eps=1e-2 carry O(eps^2) truncation and O(1e-7/eps) rounding error.
+    return {"rtol": 1e-5, "atol": 1e-6} if dtype == np.float64 else {"rtol": 3e-2, "atol": 3e-3}
+
+
+def check_jvp(
+    model: ir.Model,
+    feeds: Feeds,
+    inputs: Sequence[str] | None = None,
+    outputs: Sequence[str] | None = None,
+    seed: int = 0,
+) -> ir.Model:
+    """jvp(model) against central differences; returns the jvp model."""
+    rng = np.random.default_rng(seed)
+    jm = onnax.jvp(model, inputs, outputs)
+    check_model_valid(jm)
+    g = model.graph
+    n_in, n_out = len(g.inputs), len(g.outputs)
+    tangent_inputs = list(jm.graph.inputs)[n_in:]
+    tangent_outputs = list(jm.graph.outputs)[n_out:]
+    in_names = list(inputs) if inputs is not None else [v.name for v in g.inputs if v.dtype in (ir.DataType.FLOAT, ir.DataType.DOUBLE) and v.name not in g.initializers]
+    out_names = list(outputs) if outputs is not None else [v.name for v in g.outputs if v.dtype in (ir.DataType.FLOAT, ir.DataType.DOUBLE)]
+    inits = _initializer_arrays(model)
+    tangents = {}
+    for x, t in zip(in_names, tangent_inputs, strict=True):
+        ref = feeds[x] if x in feeds else inits[x]
+        tangents[x] = rng.standard_normal(ref.shape).astype(ref.dtype)
+        feeds = {**feeds, t.name: tangents[x]}
+    got = run(jm, feeds)
+    expected = fd_jvp(model, feeds, tangents, out_names)
+    for y, t in zip(out_names, tangent_outputs, strict=True):
+        dtype = got[t.name].dtype
+        assert got[t.name].shape == expected[y].shape, (t.name, got[t.name].shape, expected[y].shape)
+        np.testing.assert_allclose(got[t.name], expected[y], **tolerances(dtype), err_msg=f"jvp {y}")
+    primal = run(model, feeds)
+    for y in primal:
+        np.testing.assert_allclose(got[y], primal[y], rtol=1e-6, atol=1e-6)
+    return jm
+
+
+def check_vjp(
+    model: ir.Model,
+    feeds: Feeds,
+    inputs: Sequence[str] | None = None,
+    outputs: Sequence[str] | None = None,
+    seed: int = 1,
+) -> ir.Model:
+    """vjp(model) against central differences, one FD direction per input: <adj_x, t> = <adj_y, J t>."""
+    rng = np.random.default_rng(seed)
+    vm = onnax.vjp(model, inputs, outputs)
+    check_model_valid(vm)
+    g = model.graph
+    n_in, n_out = len(g.inputs), len(g.outputs)
+    seeds_in = list(vm.graph.inputs)[n_in:]
+    ct_out = list(vm.graph.outputs)[n_out:]
+    in_names = list(inputs) if inputs is not None else [v.name for v in g.inputs if v.dtype in (ir.DataType.FLOAT, ir.DataType.DOUBLE) and v.name not in g.initializers]
+    out_names = list(outputs) if outputs is not None else [v.name for v in g.outputs if v.dtype in (ir.DataType.FLOAT, ir.DataType.DOUBLE)]
+    primal = run(model, feeds)
+    seeds = {}
+    for y, s in zip(out_names, seeds_in, strict=True):
+        seeds[y] = rng.standard_normal(primal[y].shape).astype(primal[y].dtype)
+        feeds = {**feeds, s.name: seeds[y]}
+    got = run(vm, feeds)
+    inits = _initializer_arrays(model)
+    for x, c in zip(in_names, ct_out, strict=True):
+        ref = feeds[x] if x in feeds else inits[x]
+        assert got[c.name].shape == ref.shape, (c.name, got[c.name].shape, ref.shape)
+        direction = rng.standard_normal(ref.shape).astype(ref.dtype)
+        jt = fd_jvp(model, feeds, {x: direction}, out_names)
+        lhs = float(np.sum(got[c.name].astype(np.float64) * direction))
+        rhs = sum(float(np.sum(seeds[y].astype(np.float64) * jt[y])) for y in out_names)
+        tol = tolerances(got[c.name].dtype)
+        scale = sum(float(np.sum(np.abs(seeds[y]) * np.abs(jt[y]))) for y in out_names) + abs(lhs)
+        assert abs(lhs - rhs) <= tol["atol"] * max(1.0, scale) + tol["rtol"] * abs(rhs), (x, lhs, rhs)
+    return vm
+
+
+def check_adjoint(
+    model: ir.Model,
+    feeds: Feeds,
+    inputs: Sequence[str] | None = None,
+    outputs: Sequence[str] | None = None,
+    seed: int = 2,
+) -> None:
+    """<u, J v> from jvp(model) equals <Jᵀ u, v> from vjp(model)."""
+    rng = np.random.default_rng(seed)
+    jm, vm = onnax.jvp(model, inputs, outputs), onnax.vjp(model, inputs, outputs)
+    g = model.graph
+    n_in, n_out = len(g.inputs), len(g.outputs)
+    inits = _initializer_arrays(model)
+    in_names = list(inputs) if inputs is not None else [v.name for v in g.inputs if v.dtype in (ir.DataType.FLOAT, ir.DataType.DOUBLE) and v.name not in g.initializers]
+    out_names = list(outputs) if outputs is not None else [v.name for v in g.outputs if v.dtype in (ir.DataType.FLOAT, ir.DataType.DOUBLE)]
+    primal = run(model, feeds)
+    jfeeds, vfeeds = dict(feeds), dict(feeds)
+    vs, us = {}, {}
+    for x, t in zip(in_names, list(jm.graph.inputs)[n_in:], strict=True):
+        ref = feeds[x] if x in feeds else inits[x]
+        vs[x] = rng.standard_normal(ref.shape).astype(ref.dtype)
+        jfeeds[t.name] = vs[x]
+    for y, s in zip(out_names, list(vm.graph.inputs)[n_in:], strict=True):
+        us[y] = rng.standard_normal(primal[y].shape).astype(primal[y].dtype)
+        vfeeds[s.name] = us[y]
+    jv = run(jm, jfeeds)
+    vu = run(vm, vfeeds)
+    lhs = sum(float(np.sum(us[y].astype(np.float64) * jv[t.name])) for y, t in zip(out_names, list(jm.graph.outputs)[n_out:], strict=True))
+    rhs = sum(float(np.sum(vs[x].astype(np.float64) * vu[c.name])) for x, c in zip(in_names, list(vm.graph.outputs)[n_out:], strict=True))
+    dtype = next(iter(vs.values())).dtype if vs else np.float64
+    rtol = 1e-9 if dtype == np.float64 else 1e-4
+    assert abs(lhs - rhs) <= rtol * max(1.0, abs(lhs), abs(rhs)), (lhs, rhs)
