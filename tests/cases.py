@@ -87,7 +87,7 @@ class Case:
                 d if isinstance(d, int) else self.dims.get(str(d), 3) for d in v.shape.dims
             )
             fill = self.fill.get(v.name, normal)
-            feeds[v.name] = fill(rng, shape, np.dtype(np_dtype))
+            feeds[v.name] = np.asarray(fill(rng, shape, np.dtype(np_dtype)))
         return feeds
 
     def params(self) -> list[tuple[str, int]]:

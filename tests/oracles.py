@@ -82,7 +82,7 @@ def fd_jvp(
     def f(sign: float) -> dict[str, np.ndarray]:
         shifted = dict(base)
         for n, t in tangents.items():
-            shifted[n] = (base[n].astype(np.float64) + sign * eps * t.astype(np.float64)).astype(base[n].dtype)
+            shifted[n] = np.asarray(base[n].astype(np.float64) + sign * eps * t.astype(np.float64)).astype(base[n].dtype)
         wanted = {i.name for i in sess.get_inputs()}
         res = sess.run(None, {k: v for k, v in shifted.items() if k in wanted})
         return dict(zip(names, res, strict=True))
@@ -122,7 +122,7 @@ def check_jvp(
     tangents = {}
     for x, t in zip(in_names, tangent_inputs, strict=True):
         ref = feeds[x] if x in feeds else inits[x]
-        tangents[x] = rng.standard_normal(ref.shape).astype(ref.dtype)
+        tangents[x] = np.asarray(rng.standard_normal(ref.shape)).astype(ref.dtype)
         feeds = {**feeds, t.name: tangents[x]}
     got = run(jm, feeds)
     expected = fd_jvp(model, feeds, tangents, out_names)
@@ -156,14 +156,14 @@ def check_vjp(
     primal = run(model, feeds)
     seeds = {}
     for y, s in zip(out_names, seeds_in, strict=True):
-        seeds[y] = rng.standard_normal(primal[y].shape).astype(primal[y].dtype)
+        seeds[y] = np.asarray(rng.standard_normal(primal[y].shape)).astype(primal[y].dtype)
         feeds = {**feeds, s.name: seeds[y]}
     got = run(vm, feeds)
     inits = _initializer_arrays(model)
     for x, c in zip(in_names, ct_out, strict=True):
         ref = feeds[x] if x in feeds else inits[x]
         assert got[c.name].shape == ref.shape, (c.name, got[c.name].shape, ref.shape)
-        direction = rng.standard_normal(ref.shape).astype(ref.dtype)
+        direction = np.asarray(rng.standard_normal(ref.shape)).astype(ref.dtype)
         jt = fd_jvp(model, feeds, {x: direction}, out_names)
         lhs = float(np.sum(got[c.name].astype(np.float64) * direction))
         rhs = sum(float(np.sum(seeds[y].astype(np.float64) * jt[y])) for y in out_names)
@@ -193,10 +193,10 @@ def check_adjoint(
     vs, us = {}, {}
     for x, t in zip(in_names, list(jm.graph.inputs)[n_in:], strict=True):
         ref = feeds[x] if x in feeds else inits[x]
-        vs[x] = rng.standard_normal(ref.shape).astype(ref.dtype)
+        vs[x] = np.asarray(rng.standard_normal(ref.shape)).astype(ref.dtype)
         jfeeds[t.name] = vs[x]
     for y, s in zip(out_names, list(vm.graph.inputs)[n_in:], strict=True):
-        us[y] = rng.standard_normal(primal[y].shape).astype(primal[y].dtype)
+        us[y] = np.asarray(rng.standard_normal(primal[y].shape)).astype(primal[y].dtype)
         vfeeds[s.name] = us[y]
     jv = run(jm, jfeeds)
     vu = run(vm, vfeeds)
