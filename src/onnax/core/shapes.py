@@ -75,6 +75,10 @@ def unbroadcast(em: Emitter, ct: ir.Value, operand: ir.Value, result: ir.Value) 
     if dynamic:
         # A symbolic operand dimension may be 1 at run time; summing over every axis where the
         # operand is 1 is exact, because summing an axis that is already 1 changes nothing.
+        if em.opset < 13:
+            raise InternalRuleError(
+                "unbroadcast over a symbolic dimension needs ReduceSum with run-time axes (opset 13)"
+            )
         operand_shape = em.shape(operand)
         if lead:
             operand_shape = em.op("Concat", [em.ints([1] * lead), operand_shape], {"axis": 0})

@@ -20,7 +20,7 @@ __all__ = ["MIN_OPSET", "infer_shapes", "prepare"]
 
 logger = logging.getLogger(__name__)
 
-MIN_OPSET = 13
+MIN_OPSET = 11
 """The oldest default-domain opset the rules serve; older models are converted to it first."""
 
 MAX_OPSET = onnx.defs.onnx_opset_version()
