@@ -14,7 +14,7 @@ from collections.abc import Callable, Mapping, Sequence
 import numpy as np
 import onnx_ir as ir
 
-from oracles import check_adjoint, check_jvp, check_vjp
+from oracles import check_adjoint, check_jvp, check_vjp, check_vmap
 
 Fill = Callable[[np.random.Generator, tuple[int, ...], np.dtype], np.ndarray]
 
@@ -110,3 +110,25 @@ def case_id(param: object) -> str:
     if isinstance(param, Case):
         return param.name
     return str(param)
+
+
+def vmap_axes(model: ir.Model) -> dict[str, tuple[int | None, ...]]:
+    """in_axes variants: all at 0, all at 1 (or the last axis for low ranks), all at -1, and
+    only the first input batched (the others shared)."""
+    inputs = [v for v in model.graph.inputs if v.name not in model.graph.initializers]
+    ranks = [v.shape.rank() for v in inputs]
+    return {
+        "axis0": tuple(0 for _ in inputs),
+        "axis1": tuple(min(1, r) for r in ranks),
+        "axis-1": tuple(-1 for _ in inputs),
+        "mixed": tuple(0 if i == 0 else None for i in range(len(inputs))),
+    }
+
+
+def run_vmap_case(case: Case, dtype: str, opset: int) -> None:
+    """vmap of the case's model against a loop of single runs, for each in_axes variant."""
+    model = case.model(dtype, opset)
+    feeds = case.feeds(model)
+    for axes in vmap_axes(model).values():
+        check_vmap(model, feeds, in_axes=axes, out_axes=0)
+    check_vmap(model, feeds, in_axes=0, out_axes=-1)

@@ -24,7 +24,9 @@ def session(model: ir.Model | onnx.ModelProto) -> ort.InferenceSession:
     proto = model if isinstance(model, onnx.ModelProto) else ir.to_proto(model)
     options = ort.SessionOptions()
     options.log_severity_level = 3
-    return ort.InferenceSession(proto.SerializeToString(), options, providers=["CPUExecutionProvider"])
+    return ort.InferenceSession(
+        proto.SerializeToString(), options, providers=["CPUExecutionProvider"]
+    )
 
 
 def run(model: ir.Model, feeds: Feeds) -> dict[str, np.ndarray]:
@@ -45,7 +47,11 @@ def io_name(model: ir.Model, index: int, kind: str = "outputs") -> str:
 
 
 def _initializer_arrays(model: ir.Model) -> dict[str, np.ndarray]:
-    return {n: v.const_value.numpy() for n, v in model.graph.initializers.items() if v.const_value is not None}
+    return {
+        n: v.const_value.numpy()
+        for n, v in model.graph.initializers.items()
+        if v.const_value is not None
+    }
 
 
 def _with_initializers_as_inputs(model: ir.Model, names: Sequence[str]) -> ir.Model:
@@ -82,16 +88,22 @@ def fd_jvp(
     def f(sign: float) -> dict[str, np.ndarray]:
         shifted = dict(base)
         for n, t in tangents.items():
-            shifted[n] = np.asarray(base[n].astype(np.float64) + sign * eps * t.astype(np.float64)).astype(base[n].dtype)
+            shifted[n] = np.asarray(
+                base[n].astype(np.float64) + sign * eps * t.astype(np.float64)
+            ).astype(base[n].dtype)
         wanted = {i.name for i in sess.get_inputs()}
         res = sess.run(None, {k: v for k, v in shifted.items() if k in wanted})
         return dict(zip(names, res, strict=True))
 
     plus, minus = f(1.0), f(-1.0)
-    return {y: (plus[y].astype(np.float64) - minus[y].astype(np.float64)) / (2 * eps) for y in outputs}
+    return {
+        y: (plus[y].astype(np.float64) - minus[y].astype(np.float64)) / (2 * eps) for y in outputs
+    }
 
 
-def random_like(rng: np.random.Generator, value: ir.Value, dims: Mapping[str, int] | None = None) -> np.ndarray:
+def random_like(
+    rng: np.random.Generator, value: ir.Value, dims: Mapping[str, int] | None = None
+) -> np.ndarray:
     shape = [d if isinstance(d, int) else (dims or {}).get(str(d), 3) for d in value.shape.dims]
     return rng.standard_normal(shape).astype(value.dtype.numpy())
 
@@ -116,8 +128,20 @@ def check_jvp(
     n_in, n_out = len(g.inputs), len(g.outputs)
     tangent_inputs = list(jm.graph.inputs)[n_in:]
     tangent_outputs = list(jm.graph.outputs)[n_out:]
-    in_names = list(inputs) if inputs is not None else [v.name for v in g.inputs if v.dtype in (ir.DataType.FLOAT, ir.DataType.DOUBLE) and v.name not in g.initializers]
-    out_names = list(outputs) if outputs is not None else [v.name for v in g.outputs if v.dtype in (ir.DataType.FLOAT, ir.DataType.DOUBLE)]
+    in_names = (
+        list(inputs)
+        if inputs is not None
+        else [
+            v.name
+            for v in g.inputs
+            if v.dtype in (ir.DataType.FLOAT, ir.DataType.DOUBLE) and v.name not in g.initializers
+        ]
+    )
+    out_names = (
+        list(outputs)
+        if outputs is not None
+        else [v.name for v in g.outputs if v.dtype in (ir.DataType.FLOAT, ir.DataType.DOUBLE)]
+    )
     inits = _initializer_arrays(model)
     tangents = {}
     for x, t in zip(in_names, tangent_inputs, strict=True):
@@ -128,8 +152,14 @@ def check_jvp(
     expected = fd_jvp(model, feeds, tangents, out_names)
     for y, t in zip(out_names, tangent_outputs, strict=True):
         dtype = got[t.name].dtype
-        assert got[t.name].shape == expected[y].shape, (t.name, got[t.name].shape, expected[y].shape)
-        np.testing.assert_allclose(got[t.name], expected[y], **tolerances(dtype), err_msg=f"jvp {y}")
+        assert got[t.name].shape == expected[y].shape, (
+            t.name,
+            got[t.name].shape,
+            expected[y].shape,
+        )
+        np.testing.assert_allclose(
+            got[t.name], expected[y], **tolerances(dtype), err_msg=f"jvp {y}"
+        )
     primal = run(model, feeds)
     for y in primal:
         np.testing.assert_allclose(got[y], primal[y], rtol=1e-6, atol=1e-6)
@@ -151,8 +181,20 @@ def check_vjp(
     n_in, n_out = len(g.inputs), len(g.outputs)
     seeds_in = list(vm.graph.inputs)[n_in:]
     ct_out = list(vm.graph.outputs)[n_out:]
-    in_names = list(inputs) if inputs is not None else [v.name for v in g.inputs if v.dtype in (ir.DataType.FLOAT, ir.DataType.DOUBLE) and v.name not in g.initializers]
-    out_names = list(outputs) if outputs is not None else [v.name for v in g.outputs if v.dtype in (ir.DataType.FLOAT, ir.DataType.DOUBLE)]
+    in_names = (
+        list(inputs)
+        if inputs is not None
+        else [
+            v.name
+            for v in g.inputs
+            if v.dtype in (ir.DataType.FLOAT, ir.DataType.DOUBLE) and v.name not in g.initializers
+        ]
+    )
+    out_names = (
+        list(outputs)
+        if outputs is not None
+        else [v.name for v in g.outputs if v.dtype in (ir.DataType.FLOAT, ir.DataType.DOUBLE)]
+    )
     primal = run(model, feeds)
     seeds = {}
     for y, s in zip(out_names, seeds_in, strict=True):
@@ -169,7 +211,11 @@ def check_vjp(
         rhs = sum(float(np.sum(seeds[y].astype(np.float64) * jt[y])) for y in out_names)
         tol = tolerances(got[c.name].dtype)
         scale = sum(float(np.sum(np.abs(seeds[y]) * np.abs(jt[y]))) for y in out_names) + abs(lhs)
-        assert abs(lhs - rhs) <= tol["atol"] * max(1.0, scale) + tol["rtol"] * abs(rhs), (x, lhs, rhs)
+        assert abs(lhs - rhs) <= tol["atol"] * max(1.0, scale) + tol["rtol"] * abs(rhs), (
+            x,
+            lhs,
+            rhs,
+        )
     return vm
 
 
@@ -186,8 +232,20 @@ def check_adjoint(
     g = model.graph
     n_in, n_out = len(g.inputs), len(g.outputs)
     inits = _initializer_arrays(model)
-    in_names = list(inputs) if inputs is not None else [v.name for v in g.inputs if v.dtype in (ir.DataType.FLOAT, ir.DataType.DOUBLE) and v.name not in g.initializers]
-    out_names = list(outputs) if outputs is not None else [v.name for v in g.outputs if v.dtype in (ir.DataType.FLOAT, ir.DataType.DOUBLE)]
+    in_names = (
+        list(inputs)
+        if inputs is not None
+        else [
+            v.name
+            for v in g.inputs
+            if v.dtype in (ir.DataType.FLOAT, ir.DataType.DOUBLE) and v.name not in g.initializers
+        ]
+    )
+    out_names = (
+        list(outputs)
+        if outputs is not None
+        else [v.name for v in g.outputs if v.dtype in (ir.DataType.FLOAT, ir.DataType.DOUBLE)]
+    )
     primal = run(model, feeds)
     jfeeds, vfeeds = dict(feeds), dict(feeds)
     vs, us = {}, {}
@@ -200,8 +258,83 @@ def check_adjoint(
         vfeeds[s.name] = us[y]
     jv = run(jm, jfeeds)
     vu = run(vm, vfeeds)
-    lhs = sum(float(np.sum(us[y].astype(np.float64) * jv[t.name])) for y, t in zip(out_names, list(jm.graph.outputs)[n_out:], strict=True))
-    rhs = sum(float(np.sum(vs[x].astype(np.float64) * vu[c.name])) for x, c in zip(in_names, list(vm.graph.outputs)[n_out:], strict=True))
+    lhs = sum(
+        float(np.sum(us[y].astype(np.float64) * jv[t.name]))
+        for y, t in zip(out_names, list(jm.graph.outputs)[n_out:], strict=True)
+    )
+    rhs = sum(
+        float(np.sum(vs[x].astype(np.float64) * vu[c.name]))
+        for x, c in zip(in_names, list(vm.graph.outputs)[n_out:], strict=True)
+    )
     dtype = next(iter(vs.values())).dtype if vs else np.float64
     rtol = 1e-9 if dtype == np.float64 else 1e-4
     assert abs(lhs - rhs) <= rtol * max(1.0, abs(lhs), abs(rhs)), (lhs, rhs)
+
+
+def check_vmap(
+    model: ir.Model,
+    feeds: Feeds,
+    in_axes: object = 0,
+    out_axes: object = 0,
+    batch: int = 3,
+    seed: int = 3,
+    axis_size: int | None = None,
+) -> ir.Model:
+    """vmap(model) against a loop of single-example runs, stacked.
+
+    ``feeds`` holds one example's inputs; batched inputs get ``batch`` random examples stacked
+    at their axis (the first example is ``feeds`` itself, the others are perturbed copies).
+    """
+    rng = np.random.default_rng(seed)
+    vm = onnax.vmap(model, in_axes=in_axes, out_axes=out_axes, axis_size=axis_size)
+    check_model_valid(vm)
+    g = model.graph
+    inputs = [v for v in g.inputs]
+    if isinstance(in_axes, dict):
+        axes = [in_axes.get(v.name) for v in inputs]
+    elif isinstance(in_axes, (list, tuple)):
+        axes = list(in_axes)
+    else:
+        axes = [in_axes] * len(inputs)
+    axes = [None if v.name in g.initializers else a for v, a in zip(inputs, axes, strict=True)]
+    examples: list[dict[str, np.ndarray]] = []
+    for b in range(batch):
+        ex = {}
+        for v in inputs:
+            if v.name not in feeds:
+                continue
+            base = np.asarray(feeds[v.name])
+            a = axes[inputs.index(v)]
+            if a is None or b == 0:
+                ex[v.name] = base
+            elif np.issubdtype(base.dtype, np.floating):
+                ex[v.name] = (base + rng.standard_normal(base.shape) * 0.1).astype(base.dtype)
+            else:
+                ex[v.name] = base
+        examples.append(ex)
+    batched_feeds = {}
+    for v, a in zip(inputs, axes, strict=True):
+        if v.name not in feeds:
+            continue
+        if a is None:
+            batched_feeds[v.name] = np.asarray(feeds[v.name])
+        else:
+            batched_feeds[v.name] = np.stack([ex[v.name] for ex in examples], axis=a)
+    singles = [run(model, ex) for ex in examples]
+    got = run(vm, batched_feeds)
+    outs = [v.name for v in g.outputs]
+    if isinstance(out_axes, dict):
+        oaxes = [out_axes.get(n) for n in outs]
+    elif isinstance(out_axes, (list, tuple)):
+        oaxes = list(out_axes)
+    else:
+        oaxes = [out_axes] * len(outs)
+    for name, a in zip(outs, oaxes, strict=True):
+        want = np.stack([s[name] for s in singles], axis=a) if a is not None else singles[0][name]
+        assert got[name].shape == want.shape, (name, got[name].shape, want.shape)
+        if np.issubdtype(want.dtype, np.floating):
+            tol = 1e-10 if want.dtype == np.float64 else 1e-5
+            np.testing.assert_allclose(got[name], want, rtol=tol, atol=tol, err_msg=f"vmap {name}")
+        else:
+            np.testing.assert_array_equal(got[name], want, err_msg=f"vmap {name}")
+    return vm

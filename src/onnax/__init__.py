@@ -1,6 +1,6 @@
 """onnax: JAX-style transformations (grad, jvp, vjp) of ONNX models, emitting ordinary ONNX."""
 
-from onnax.api import grad, jvp, vjp
+from onnax.api import grad, jvp, vjp, vmap
 from onnax.errors import (
     InvalidModelError,
     OnnaxError,
@@ -9,6 +9,7 @@ from onnax.errors import (
     UnsupportedValueError,
 )
 from onnax.passes import GradPass, JvpPass, VjpPass
+from onnax.passes.vmap import VmapPass
 
 __all__ = [
     "GradPass",
@@ -19,9 +20,11 @@ __all__ = [
     "UnsupportedOperatorError",
     "UnsupportedValueError",
     "VjpPass",
+    "VmapPass",
     "grad",
     "jvp",
     "vjp",
+    "vmap",
 ]
 
 __version__ = "0.1.0"

@@ -6,9 +6,11 @@ from collections.abc import Sequence
 
 import onnx_ir as ir
 
+from onnax.core.batching import RandomnessPolicy
 from onnax.passes import GradPass, JvpPass, VjpPass
+from onnax.passes.vmap import AxisSpec, VmapPass
 
-__all__ = ["grad", "jvp", "vjp"]
+__all__ = ["grad", "jvp", "vjp", "vmap"]
 
 
 def jvp(
@@ -95,3 +97,38 @@ def grad(
         InvalidModelError: The model fails ``onnx.checker`` or its opset is not supported.
     """
     return GradPass(inputs, output)(model).model
+
+
+def vmap(
+    model: ir.Model,
+    in_axes: AxisSpec = 0,
+    out_axes: AxisSpec = 0,
+    axis_size: int | None = None,
+    randomness: RandomnessPolicy = "error",
+) -> ir.Model:
+    """Vectorizing map: a model that runs ``model`` on a batch of independent examples.
+
+    Each batched input gains a batch dimension at its ``in_axes`` entry; shared inputs (None) and
+    initializers are used as they are by every example. Each output gains the batch dimension at
+    its ``out_axes`` entry. The result contains no loop: every operator is rewritten to work on
+    the whole batch (``Reshape`` and other shape-consuming operators put the batch dimension back,
+    reductions and axis-carrying operators shift their axes).
+
+    Args:
+        model: The model to batch; it is not modified.
+        in_axes: One int for every input, a sequence in graph-input order, or a dict from input
+            name to axis. Entries are ints (negative counts from the end of the batched input) or
+            None (shared).
+        out_axes: The same, per graph output.
+        axis_size: The batch size; None keeps it a symbolic dimension.
+        randomness: Random operators: "error" (default), "different" or "same".
+
+    Returns:
+        A new ``onnx_ir.Model`` with the same input and output names.
+
+    Raises:
+        SelectionError: ``in_axes``/``out_axes`` do not match the model, an axis is out of range,
+            or static batch sizes disagree.
+        UnsupportedOperatorError: An operator on a batched path has no batch rule.
+    """
+    return VmapPass(in_axes, out_axes, axis_size, randomness)(model).model

@@ -9,7 +9,14 @@ from onnax.errors import UnsupportedOperatorError, UnsupportedValueError
 __all__ = ["RANDOM_OPS", "check_active_node", "missing_rule"]
 
 RANDOM_OPS = frozenset(
-    {"RandomNormal", "RandomNormalLike", "RandomUniform", "RandomUniformLike", "Bernoulli", "Multinomial"}
+    {
+        "RandomNormal",
+        "RandomNormalLike",
+        "RandomUniform",
+        "RandomUniformLike",
+        "Bernoulli",
+        "Multinomial",
+    }
 )
 
 
@@ -33,7 +40,9 @@ def _active_input(node: ir.Node, active: list[bool]) -> str:
     return "an input captured by a subgraph"
 
 
-def missing_rule(transform: str, node: ir.Node, opset: int, active: list[bool]) -> UnsupportedOperatorError:
+def missing_rule(
+    transform: str, node: ir.Node, opset: int, active: list[bool]
+) -> UnsupportedOperatorError:
     """The error for an operator without a rule on a path that carries a derivative."""
     return UnsupportedOperatorError(
         f"{transform}: no derivative rule for {op_label(node)} at opset {opset} "

@@ -68,7 +68,9 @@ class Emitter:
     ) -> tuple[ir.Value, ...]:
         """Emits one node and returns all of its outputs."""
         attrs = {k: v for k, v in (attributes or {}).items() if v is not None}
-        node = ir.node(op_type, list(inputs), attributes=attrs, domain=domain, num_outputs=num_outputs)
+        node = ir.node(
+            op_type, list(inputs), attributes=attrs, domain=domain, num_outputs=num_outputs
+        )
         if any(v is not None and v in self.linear for v in inputs):
             self.linear.update(node.outputs)
         self.nodes.append(node)
@@ -120,7 +122,7 @@ class Emitter:
         """
         shape = value.shape
         if shape is not None and shape.is_static():
-            return self.ints([int(d) for d in shape.dims])
+            return self.ints(list(shape.numpy()))
         if value in self.linear:
             shape_tensor = self.shape_witness(value) if self.shape_witness else None
             if shape_tensor is None:
@@ -152,7 +154,9 @@ class Emitter:
         if axes is not None and not isinstance(axes, ir.Value) and len(axes) == 0:
             return x
         if self.opset >= moved_at:
-            axes_input = None if axes is None else (axes if isinstance(axes, ir.Value) else self.ints(axes))
+            axes_input = (
+                None if axes is None else (axes if isinstance(axes, ir.Value) else self.ints(axes))
+            )
             return self.op(op_type, [x] if axes_input is None else [x, axes_input], attrs)
         if isinstance(axes, ir.Value):
             raise InternalRuleError(f"{op_type} with run-time axes needs opset >= {moved_at}")
@@ -215,4 +219,3 @@ class Emitter:
         for t in present[1:]:
             total = self.op("Add", [total, t])
         return total
-

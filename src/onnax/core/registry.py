@@ -15,6 +15,7 @@ from typing import TYPE_CHECKING, Generic, TypeAlias, TypeVar
 import onnx_ir as ir
 
 if TYPE_CHECKING:
+    from onnax.core.batching import Batcher
     from onnax.core.emit import Emitter
 
 __all__ = [
@@ -22,6 +23,7 @@ __all__ = [
     "JvpRule",
     "Registry",
     "TransposeRule",
+    "batch_rules",
     "jvp_rules",
     "transpose_rules",
 ]
@@ -34,8 +36,16 @@ JvpRule: TypeAlias = Callable[["Emitter", ir.Node, Tangents], Tangents]
 TransposeRule: TypeAlias = Callable[["Emitter", ir.Node, Tangents, Sequence[bool]], Tangents]
 """``(emitter, linear node, output cotangents, which inputs are linear) -> input cotangents``."""
 
-BatchRule: TypeAlias = Callable[..., object]
-"""Placeholder signature for vmap batch rules (filled in by the vmap pass)."""
+Batched: TypeAlias = Sequence[bool]
+
+BatchRule: TypeAlias = Callable[
+    ["Batcher", ir.Node, Sequence["ir.Value | None"], Batched],
+    tuple[Sequence["ir.Value | None"], Batched],
+]
+"""``(batcher, node, new inputs, which are batched) -> (new outputs, which are batched)``.
+
+Batched values carry the batch dimension at axis 0; ``node`` is the original (unbatched) node,
+whose inputs and outputs keep their inferred unbatched shapes for the rule to read."""
 
 R = TypeVar("R")
 
@@ -90,3 +100,4 @@ class Registry(Generic[R]):
 
 jvp_rules: Registry[JvpRule] = Registry("jvp")
 transpose_rules: Registry[TransposeRule] = Registry("transpose")
+batch_rules: Registry[BatchRule] = Registry("batch")

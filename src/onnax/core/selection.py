@@ -8,7 +8,14 @@ import onnx_ir as ir
 
 from onnax.errors import SelectionError
 
-__all__ = ["FLOAT_TYPES", "default_inputs", "is_float", "select_inputs", "select_outputs"]
+__all__ = [
+    "FLOAT_TYPES",
+    "default_inputs",
+    "format_shape",
+    "is_float",
+    "select_inputs",
+    "select_outputs",
+]
 
 FLOAT_TYPES = frozenset({ir.DataType.FLOAT, ir.DataType.DOUBLE})
 
@@ -43,9 +50,16 @@ def default_inputs(graph: ir.Graph) -> list[ir.Value]:
     return [v for v in graph.inputs if is_float(v) and v.name not in graph.initializers]
 
 
+def format_shape(shape: ir.Shape | None) -> str:
+    """``[N, 3]`` for a shape, ``unknown`` when there is none."""
+    if shape is None:
+        return "unknown"
+    return "[" + ", ".join(str(d) for d in shape.dims) + "]"
+
+
 def _describe(value: ir.Value) -> str:
     dtype = value.dtype.name if value.dtype is not None else str(value.type)
-    return f"{value.name!r} ({dtype}{list(value.shape.dims) if value.shape is not None else ''})"
+    return f"{value.name!r} ({dtype}, shape {format_shape(value.shape)})"
 
 
 def select_inputs(

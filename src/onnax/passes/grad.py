@@ -8,7 +8,7 @@ import onnx_ir as ir
 
 from onnax.core.emit import Emitter
 from onnax.core.naming import NameClaims, diff_prefix, io_names
-from onnax.core.selection import is_float, select_inputs, select_outputs
+from onnax.core.selection import format_shape, is_float, select_inputs, select_outputs
 from onnax.errors import SelectionError
 from onnax.passes.cleanup import cleanup, set_output_type
 from onnax.passes.jvp import materialize
@@ -26,11 +26,12 @@ def _scalar_output(graph: ir.Graph, output: str | None) -> ir.Value:
             "for several outputs use vjp(model, outputs=[...])"
         )
     if output is None:
-        scalars = [v for v in graph.outputs if is_float(v) and v.shape is not None and v.shape.rank() == 0]
+        scalars = [
+            v for v in graph.outputs if is_float(v) and v.shape is not None and v.shape.rank() == 0
+        ]
         if len(scalars) != 1:
             described = [
-                f"{v.name} ({v.dtype.name if v.dtype else v.type}, shape "
-                f"{list(v.shape.dims) if v.shape is not None else 'unknown'})"
+                f"{v.name} ({v.dtype.name if v.dtype else v.type}, shape {format_shape(v.shape)})"
                 for v in graph.outputs
             ]
             found = "no" if not scalars else f"{len(scalars)}"
@@ -43,9 +44,8 @@ def _scalar_output(graph: ir.Graph, output: str | None) -> ir.Value:
         return scalars[0]
     (y,) = select_outputs(graph, [output], "grad")
     if y.shape is None or y.shape.rank() != 0:
-        shape = list(y.shape.dims) if y.shape is not None else "unknown"
         raise SelectionError(
-            f"grad: output {y.name!r} has shape {shape}, expected rank 0 (a scalar loss). "
+            f"grad: output {y.name!r} has shape {format_shape(y.shape)}, expected rank 0 (a scalar loss). "
             "Reduce it to a scalar in the model (e.g. ReduceSum or ReduceMean with keepdims=0) "
             f"or use vjp(model, outputs=[{y.name!r}]) and feed an explicit cotangent."
         )
@@ -64,7 +64,9 @@ class GradPass(ir.passes.FunctionalPass):
         output: The rank-0 FLOAT/DOUBLE output (default: the only one there is).
     """
 
-    def __init__(self, inputs: str | Sequence[str] | None = None, output: str | None = None) -> None:
+    def __init__(
+        self, inputs: str | Sequence[str] | None = None, output: str | None = None
+    ) -> None:
         super().__init__()
         self.inputs = inputs
         self.output = output

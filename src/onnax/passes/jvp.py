@@ -18,7 +18,8 @@ __all__ = ["JvpPass"]
 
 def materialize(em: Emitter, graph: ir.Graph, t: ir.Value | None, primal: ir.Value) -> ir.Value:
     """A value that can become a new graph output: zeros for a symbolic zero, and an Identity
-    where the tangent is already an input or output of the graph."""
+    where the tangent is already an input or output of the graph.
+    """
     if t is None:
         t = em.zeros_like(primal)
     elif t.is_graph_input() or t.is_graph_output() or t.is_initializer() or t.producer() is None:

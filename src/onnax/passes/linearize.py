@@ -18,7 +18,7 @@ from onnax.core.registry import jvp_rules
 from onnax.core.selection import is_float
 from onnax.rules import collect
 
-__all__ = ["Linearization", "linearize"]
+__all__ = ["Linearization", "linearize", "subgraph_captures"]
 
 
 @dataclasses.dataclass
@@ -42,7 +42,7 @@ class Linearization:
     opset: int
 
 
-def _subgraph_captures(node: ir.Node) -> list[ir.Value]:
+def subgraph_captures(node: ir.Node) -> list[ir.Value]:
     """Outer-scope values that the node's subgraphs read."""
     captured: list[ir.Value] = []
     for attr in node.attributes.values():
@@ -55,9 +55,13 @@ def _subgraph_captures(node: ir.Node) -> list[ir.Value]:
         for g in graphs:
             for inner in g.all_nodes():
                 for v in inner.inputs:
-                    if v is not None and v.graph is not None and v.graph is node.graph:
-                        captured.append(v)
-                    elif v is not None and v.producer() is not None and v.producer().graph is node.graph:  # type: ignore[union-attr]
+                    if v is None:
+                        continue
+                    producer = v.producer()
+                    owner = (
+                        v.graph if v.graph is not None else (producer.graph if producer else None)
+                    )
+                    if owner is node.graph:
                         captured.append(v)
     return captured
 
@@ -90,7 +94,7 @@ def linearize(model: ir.Model, inputs: list[ir.Value], transform: str) -> Linear
     linear_nodes: list[ir.Node] = []
     for node in list(graph):
         tangents_in = [tangent.get(v) if v is not None else None for v in node.inputs]
-        captured = [v for v in _subgraph_captures(node) if v in tangent]
+        captured = [v for v in subgraph_captures(node) if v in tangent]
         if all(t is None for t in tangents_in) and not captured:
             continue
         active = [t is not None for t in tangents_in]
@@ -103,8 +107,8 @@ def linearize(model: ir.Model, inputs: list[ir.Value], transform: str) -> Linear
         if emitted:
             graph.insert_after(node, emitted)
             linear_nodes.extend(n for n in emitted if any(o in linear for o in n.outputs))
-        for out, t in zip(node.outputs, tangents_out, strict=False):
-            if t is not None and is_float(out) or (t is not None and out.type is None):
-                tangent[out] = t
-                tangent_of.setdefault(t, out)
+        for out, t_out in zip(node.outputs, tangents_out, strict=False):
+            if t_out is not None and (is_float(out) or out.type is None):
+                tangent[out] = t_out
+                tangent_of.setdefault(t_out, out)
     return Linearization(tangent_inputs, tangent, tangent_of, linear, linear_nodes, opset)

@@ -1,0 +1,288 @@
+"""Vectorizing map: ``VmapPass``.
+
+The pass walks the graph once. A node none of whose inputs is batched stays as it is (shared
+work is done once). A node with a batched input is handed to its batch rule, which emits the
+batched computation right after it; the original node then becomes dead and is removed. Batched
+values keep their batch dimension at axis 0 inside the graph; inputs and outputs are moved to
+and from the requested axes at the boundary.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+
+import onnx_ir as ir
+
+from onnax.core.batching import Batcher, RandomnessPolicy
+from onnax.core.diagnostics import RANDOM_OPS, node_label, op_label
+from onnax.core.registry import batch_rules
+from onnax.core.selection import format_shape
+from onnax.errors import SelectionError, UnsupportedOperatorError
+from onnax.passes.cleanup import cleanup
+from onnax.passes.linearize import subgraph_captures
+from onnax.passes.prepare import prepare
+from onnax.rules import collect
+
+__all__ = ["AxisSpec", "VmapPass"]
+
+AxisSpec = int | None | Sequence[int | None] | Mapping[str, int | None]
+
+RANDOMNESS = ("error", "different", "same")
+
+
+def _resolve_axes(spec: AxisSpec, values: Sequence[ir.Value], what: str) -> list[int | None]:
+    names = [v.name for v in values]
+    if spec is None or isinstance(spec, int):
+        return [spec] * len(values)
+    if isinstance(spec, Mapping):
+        unknown = [k for k in spec if k not in names]
+        if unknown:
+            raise SelectionError(
+                f"vmap: {what} names {unknown}, which are not graph {what[:-5]}s. Graph {what[:-5]}s: {names}"
+            )
+        return [spec.get(n) if n is not None else None for n in names]
+    axes = list(spec)
+    if len(axes) != len(values):
+        raise SelectionError(
+            f"vmap: {what} has {len(axes)} entries, but the model has {len(values)} {what[:-5]}s "
+            f"{names}. Give one entry per {what[:-5]} (None for shared ones), or a dict by name."
+        )
+    return axes
+
+
+def _check_axis(axis: int | None, value: ir.Value, what: str, extra: int = 0) -> int | None:
+    if axis is None:
+        return None
+    if not isinstance(axis, int) or isinstance(axis, bool):
+        raise SelectionError(
+            f"vmap: the {what} axis of {value.name!r} must be an int or None, got {axis!r}"
+        )
+    rank = value.shape.rank() if value.shape is not None else None
+    if rank is None:
+        raise SelectionError(
+            f"vmap: the rank of {what} {value.name!r} is unknown; give the model a typed {what}"
+        )
+    size = rank + 1  # the batched value has one more dimension
+    if not -size <= axis < size:
+        raise SelectionError(
+            f"vmap: {what} axis {axis} is out of range for {what} {value.name!r} of rank {rank} "
+            f"(shape {format_shape(value.shape)}); the batched {what} has rank {size}, so the axis "
+            f"must be in [{-size}, {size - 1}]."
+        )
+    return axis % size
+
+
+def _batch_dim_name(model: ir.Model) -> str:
+    used = {
+        str(d)
+        for g in model.graphs()
+        for v in (*g.inputs, *g.outputs, *(o for n in g for o in n.outputs))
+        if v.shape is not None
+        for d in v.shape.dims
+        if not isinstance(d, int)
+    }
+    name, k = "batch", 1
+    while name in used:
+        k += 1
+        name = f"batch{k}"
+    return name
+
+
+class VmapPass(ir.passes.FunctionalPass):
+    """Maps a model over a new batch dimension of some of its inputs.
+
+    Args:
+        in_axes: Per graph input, the axis of the batch dimension in the batched input, or None
+            for a shared (unbatched) input: one int for all inputs, a sequence in graph-input
+            order, or a dict from input name to axis (missing names are shared). Initializers
+            are always shared.
+        out_axes: The same per graph output. Outputs that do not depend on a batched input are
+            broadcast along the batch dimension.
+        axis_size: The batch size, or None for a symbolic dimension.
+        randomness: Random operators: ``"error"`` (default) refuses them, ``"different"`` draws
+            independent samples per example, ``"same"`` one sample shared by all examples.
+    """
+
+    def __init__(
+        self,
+        in_axes: AxisSpec = 0,
+        out_axes: AxisSpec = 0,
+        axis_size: int | None = None,
+        randomness: RandomnessPolicy = "error",
+    ) -> None:
+        super().__init__()
+        if randomness not in RANDOMNESS:
+            raise ValueError(f"vmap: randomness={randomness!r} is not one of {list(RANDOMNESS)}")
+        if axis_size is not None and (not isinstance(axis_size, int) or axis_size < 1):
+            raise ValueError(f"vmap: axis_size must be a positive int or None, got {axis_size!r}")
+        self.in_axes = in_axes
+        self.out_axes = out_axes
+        self.axis_size = axis_size
+        self.randomness = randomness
+
+    def call(self, model: ir.Model) -> ir.passes.PassResult:
+        """Builds the batched model; the argument is left untouched."""
+        collect()
+        model = prepare(model, "vmap")
+        graph = model.graph
+        inputs = list(graph.inputs)
+        in_axes = [
+            _check_axis(a, v, "input") if v.name not in graph.initializers else None
+            for a, v in zip(_resolve_axes(self.in_axes, inputs, "in_axes"), inputs, strict=True)
+        ]
+        if all(a is None for a in in_axes):
+            raise SelectionError(
+                f"vmap: no input is batched (in_axes resolves to None for every input of {[v.name for v in inputs]}). "
+                "Give at least one input a batch axis."
+            )
+        outputs = list(graph.outputs)
+        out_axes = _resolve_axes(self.out_axes, outputs, "out_axes")
+        opset = model.opset_imports[""]
+        dim: int | ir.SymbolicDim = (
+            self.axis_size if self.axis_size is not None else ir.SymbolicDim(_batch_dim_name(model))
+        )
+        bx = Batcher(opset, batch_size=None, randomness=self.randomness)  # type: ignore[arg-type]
+        env: dict[ir.Value, ir.Value] = {}
+        batched: set[ir.Value] = set()
+        entry: list[ir.Node] = []
+        first_batched: tuple[ir.Value, int] | None = None
+        for i, (x, axis) in enumerate(zip(inputs, in_axes, strict=True)):
+            if axis is None:
+                continue
+            dims = list(x.shape.dims) if x.shape is not None else []
+            dims.insert(axis, dim)
+            new = ir.Value(name=x.name, type=x.type, shape=ir.Shape(dims))
+            x.name = None
+            graph.inputs[i] = new
+            if first_batched is None:
+                first_batched = (new, axis)
+            moved = bx.move_axis(new, axis, 0, len(dims))
+            env[x] = moved
+            batched.add(moved)
+        assert first_batched is not None
+        if self.axis_size is not None:
+            bx.batch_size = bx.ints([self.axis_size])
+        else:
+            source, axis = first_batched
+            bx.batch_size = bx.slice(bx.op("Shape", [source]), [axis], [axis + 1], [0])
+        entry = bx.take()
+        if entry:
+            graph.insert_before(graph[0], entry) if len(graph) else graph.extend(entry)
+        self._check_static_sizes(inputs, graph, in_axes)
+        for node in [n for n in graph if n not in entry]:
+            self._batch_node(bx, node, env, batched)
+        for i, (y, axis) in enumerate(zip(outputs, out_axes, strict=True)):
+            new = env.get(y, y)
+            is_batched = new in batched
+            if axis is None:
+                if is_batched:
+                    raise SelectionError(
+                        f"vmap: output {y.name!r} depends on a batched input, but out_axes gives it None. "
+                        "Give it a batch axis."
+                    )
+                continue
+            rank = (y.shape.rank() if y.shape is not None else 0) + 1
+            axis = _check_axis(axis, y, "output")
+            assert axis is not None
+            if not is_batched:
+                new = bx.materialize(new, False, y)
+            new = bx.move_axis(new, 0, axis, rank)
+            if new is y or new.is_graph_input() or new.is_graph_output():
+                new = bx.op("Identity", [new])
+            graph.extend(bx.take())
+            name = y.name
+            y.name = None
+            new.name = name
+            new.type = y.type
+            dims = list(y.shape.dims) if y.shape is not None else []
+            dims.insert(axis, dim)
+            new.shape = ir.Shape(dims)
+            graph.outputs[i] = new
+        return ir.passes.PassResult(cleanup(model), modified=True)
+
+    def _check_static_sizes(
+        self, inputs: list[ir.Value], graph: ir.Graph, in_axes: list[int | None]
+    ) -> None:
+        sizes = {}
+        for v, axis in zip(graph.inputs, in_axes, strict=True):
+            if axis is None or v.shape is None:
+                continue
+            d = v.shape.dims[axis]
+            if isinstance(d, int):
+                sizes[v.name] = d
+        if len(set(sizes.values())) > 1:
+            raise SelectionError(
+                f"vmap: the batched inputs have different sizes along their in_axes: {sizes}. "
+                "Every batched input must have the same batch size."
+            )
+        if self.axis_size is not None:
+            bad = {n: s for n, s in sizes.items() if s != self.axis_size}
+            if bad:
+                raise SelectionError(
+                    f"vmap: axis_size={self.axis_size}, but the inputs have batch sizes {bad} at their in_axes. "
+                    "Make axis_size match, or leave it None."
+                )
+
+    def _batch_node(
+        self, bx: Batcher, node: ir.Node, env: dict[ir.Value, ir.Value], batched: set[ir.Value]
+    ) -> None:
+        args = [env.get(v, v) if v is not None else None for v in node.inputs]
+        flags = [a is not None and a in batched for a in args]
+        captured = [v for v in subgraph_captures(node) if env.get(v, v) in batched]
+        if not any(flags) and not captured:
+            if (
+                node.domain == ""
+                and node.op_type in RANDOM_OPS
+                and node.op_type in ("RandomNormal", "RandomUniform")
+            ):
+                self._random_without_input(bx, node, env, batched)
+            return
+        rule = batch_rules.lookup(node.domain, node.op_type, bx.opset)
+        if node.domain == "" and node.op_type in RANDOM_OPS and self.randomness == "error":
+            raise UnsupportedOperatorError(
+                f"vmap: {op_label(node)} ({node_label(node)}) draws random numbers inside the mapped "
+                "function. Choose how: vmap(..., randomness='different') for an independent sample "
+                "per example, or randomness='same' for one sample shared by all examples."
+            )
+        if rule is None or captured:
+            which = next(
+                (v.name for v, f in zip(node.inputs, flags, strict=False) if f and v is not None),
+                None,
+            )
+            via = f"input {which!r}" if which else "a value captured by a subgraph"
+            raise UnsupportedOperatorError(
+                f"vmap: no batch rule for {op_label(node)} at opset {bx.opset} ({node_label(node)}); "
+                f"the batch dimension reaches it through {via}. Remedy: give that input in_axes None "
+                "if it should be shared, or register a rule with "
+                f"onnax.rules.batch_rules.register({node.op_type!r}, domain={node.domain!r})."
+            )
+        outs, out_flags = rule(bx, node, args, flags)
+        emitted = bx.take()
+        if emitted:
+            node.append(emitted)
+        for old, new, flag in zip(node.outputs, outs, out_flags, strict=False):
+            if new is None:
+                continue
+            env[old] = new
+            if flag:
+                batched.add(new)
+
+    def _random_without_input(
+        self, bx: Batcher, node: ir.Node, env: dict[ir.Value, ir.Value], batched: set[ir.Value]
+    ) -> None:
+        """RandomNormal/RandomUniform have no inputs: batched only under 'different'."""
+        if self.randomness == "error":
+            raise UnsupportedOperatorError(
+                f"vmap: {op_label(node)} ({node_label(node)}) draws random numbers inside the mapped "
+                "function. Choose how: vmap(..., randomness='different') for an independent sample "
+                "per example, or randomness='same' for one sample shared by all examples."
+            )
+        if self.randomness == "same":
+            return
+        out = node.outputs[0]
+        zeros = bx.materialize(bx.zeros_like(out), False, out)
+        attrs = {k: a.value for k, a in node.attributes.items() if k != "shape"}
+        new = bx.op(node.op_type + "Like", [zeros], attrs)
+        node.append(bx.take())
+        env[out] = new
+        batched.add(new)

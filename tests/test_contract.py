@@ -1,0 +1,228 @@
+"""The transform contract: isolation, determinism, ordering, naming, selection, passes."""
+
+from __future__ import annotations
+
+import numpy as np
+import onnx
+import onnx_ir as ir
+import pytest
+
+import onnax
+from oracles import check_jvp, check_model_valid, run
+
+TEXT = """
+<ir_version: 10, opset_import: ["" : 18]>
+g (double[N, 3] x, double[3] w, int64[2] shape) => (double y, double[N, 3] z, int64[2] s) {
+    a = Mul(x, w)
+    b = Tanh(a)
+    z = Identity(b)
+    y = ReduceSum <keepdims = 0> (b)
+    s = Identity(shape)
+}
+"""
+
+
+def model() -> ir.Model:
+    return ir.from_onnx_text(TEXT)
+
+
+def feeds() -> dict[str, np.ndarray]:
+    rng = np.random.default_rng(0)
+    return {
+        "x": rng.standard_normal((4, 3)),
+        "w": rng.standard_normal(3),
+        "shape": np.array([4, 3]),
+    }
+
+
+TRANSFORMS = {
+    "jvp": lambda m: onnax.jvp(m),
+    "vjp": lambda m: onnax.vjp(m),
+    "grad": lambda m: onnax.grad(m, output="y"),
+    "jvp(grad)": lambda m: onnax.jvp(onnax.grad(m, output="y")),
+    "jvp(jvp)": lambda m: onnax.jvp(onnax.jvp(m)),
+    "vjp(jvp)": lambda m: onnax.vjp(onnax.jvp(m)),
+}
+
+
+@pytest.mark.parametrize("name", list(TRANSFORMS))
+def test_source_is_untouched_and_result_is_deterministic(name: str) -> None:
+    m = model()
+    before = ir.to_proto(m).SerializeToString()
+    first = TRANSFORMS[name](m)
+    assert ir.to_proto(m).SerializeToString() == before
+    second = TRANSFORMS[name](m)
+    assert ir.to_proto(first).SerializeToString() == ir.to_proto(second).SerializeToString()
+    check_model_valid(first)
+    assert first is not m
+
+
+@pytest.mark.parametrize("name", list(TRANSFORMS))
+def test_primal_signature_comes_first(name: str) -> None:
+    m = model()
+    out = TRANSFORMS[name](m)
+    assert [v.name for v in out.graph.inputs][: len(m.graph.inputs)] == ["x", "w", "shape"]
+    assert [v.name for v in out.graph.outputs][: len(m.graph.outputs)] == ["y", "z", "s"]
+    got, want = run(out, {**feeds(), **_zero_seeds(out, m)}), run(m, feeds())
+    for k, v in want.items():
+        np.testing.assert_allclose(got[k], v, rtol=1e-12)
+
+
+def _zero_seeds(out: ir.Model, m: ir.Model) -> dict[str, np.ndarray]:
+    seeds = {}
+    for v in list(out.graph.inputs)[len(m.graph.inputs) :]:
+        seeds[v.name] = np.zeros(
+            [int(d) if isinstance(d, int) else 4 for d in v.shape.dims], v.dtype.numpy()
+        )
+    return seeds
+
+
+def test_generated_names() -> None:
+    m = model()
+    j = onnax.jvp(m)
+    assert [v.name for v in j.graph.inputs] == ["x", "w", "shape", "fwd_x", "fwd_w"]
+    assert [v.name for v in j.graph.outputs] == ["y", "z", "s", "fwd_y", "fwd_z"]
+    v = onnax.vjp(m, inputs=["w"], outputs=["z"])
+    assert [x.name for x in v.graph.inputs] == ["x", "w", "shape", "adj_z"]
+    assert [x.name for x in v.graph.outputs] == ["y", "z", "s", "adj_w"]
+    g = onnax.grad(m, output="y")
+    assert [x.name for x in g.graph.outputs] == ["y", "z", "s", "grad_x", "grad_w"]
+    jj = onnax.jvp(j)
+    assert [x.name for x in jj.graph.inputs][5:] == ["fwd2_x", "fwd2_w", "fwd2_fwd_x", "fwd2_fwd_w"]
+    assert [x.name for x in jj.graph.outputs][5:] == [
+        "fwd2_y",
+        "fwd2_z",
+        "fwd2_fwd_y",
+        "fwd2_fwd_z",
+    ]
+    jg = onnax.jvp(g)
+    assert [x.name for x in jg.graph.outputs][5:] == ["fwd_y", "fwd_z", "fwd_grad_x", "fwd_grad_w"]
+    gg = onnax.grad(onnax.grad(m, output="y"), output="y")
+    assert [x.name for x in gg.graph.outputs][5:] == ["grad2_x", "grad2_w"]
+
+
+def test_generated_name_collides_with_internal_value() -> None:
+    m = ir.from_onnx_text(
+        """<ir_version: 10, opset_import: ["" : 18]>
+        g (double[3] x) => (double[3] y) { fwd_x = Exp(x)
+         y = Sin(fwd_x) }"""
+    )
+    j = onnax.jvp(m)
+    assert [v.name for v in j.graph.inputs] == ["x", "fwd_x"]
+    check_model_valid(j)
+    check_jvp(m, {"x": np.array([0.1, 0.2, 0.3])})
+
+
+def test_names_are_unique_across_subgraphs_and_main_graph() -> None:
+    j = onnax.jvp(onnax.jvp(model()))
+    names = [v.name for g in j.graphs() for n in g for v in n.outputs]
+    names += [v.name for v in j.graph.inputs]
+    assert len(names) == len(set(names))
+
+
+def test_untyped_tape_model_is_accepted() -> None:
+    x = ir.val("x", dtype=ir.DataType.DOUBLE, shape=[2])
+    w = ir.val("w", dtype=ir.DataType.DOUBLE, shape=[2])
+    tape = ir.tape.Tape()
+    p = tape.op("Mul", [x, w])
+    loss = tape.op("ReduceSum", [tape.op("Mul", [p, p])], {"keepdims": 0})
+    loss.name = "loss"
+    m = ir.Model(
+        ir.Graph([x, w], [loss], nodes=tape.nodes, opset_imports={"": 18}, name="g"), ir_version=10
+    )
+    g = onnax.grad(m, inputs=["w"], output="loss")
+    check_model_valid(g)
+    xv, wv = np.array([1.0, 2.0]), np.array([3.0, -1.0])
+    np.testing.assert_allclose(run(g, {"x": xv, "w": wv})["grad_w"], 2 * xv * xv * wv)
+    assert loss.type is None  # the source stays untyped
+
+
+def test_initializer_selected_by_name_keeps_its_value() -> None:
+    m = ir.from_onnx_text(
+        """<ir_version: 10, opset_import: ["" : 18]>
+        g (double[2] x) => (double y) <double[2] w = {3.0, -1.0}> {
+          p = Mul(x, w)
+          y = ReduceSum <keepdims = 0> (p) }"""
+    )
+    g = onnax.grad(m)
+    assert [v.name for v in g.graph.outputs] == ["y", "grad_x"]
+    g = onnax.grad(m, inputs=["w", "x"])
+    assert [v.name for v in g.graph.outputs] == ["y", "grad_w", "grad_x"]
+    assert [v.name for v in g.graph.inputs] == ["x"]
+    res = run(g, {"x": np.array([1.0, 2.0])})
+    np.testing.assert_allclose(res["grad_w"], [1.0, 2.0])
+    np.testing.assert_allclose(res["grad_x"], [3.0, -1.0])
+
+
+def test_ir3_weights_listed_as_inputs_are_not_selected_by_default() -> None:
+    m = ir.from_onnx_text(
+        """<ir_version: 3, opset_import: ["" : 11]>
+        g (double[2] x, double[2] w) => (double[2] y) <double[2] w = {3.0, -1.0}> {
+          y = Mul(x, w) }"""
+    )
+    j = onnax.jvp(m)
+    assert [v.name for v in j.graph.inputs][-1:] == ["fwd_x"]
+    j = onnax.jvp(m, inputs=["w"])
+    res = run(j, {"x": np.array([1.0, 2.0]), "fwd_w": np.array([1.0, 1.0])})
+    np.testing.assert_allclose(res["fwd_y"], [1.0, 2.0])
+
+
+def test_passes_work_in_a_pass_manager() -> None:
+    pm = ir.passes.PassManager([onnax.GradPass(output="y"), onnax.JvpPass(inputs=["x"])])
+    m = model()
+    result = pm(m)
+    assert result.model is not m
+    assert [v.name for v in result.model.graph.outputs][-4:] == [
+        "fwd_y",
+        "fwd_z",
+        "fwd_grad_x",
+        "fwd_grad_w",
+    ]
+    assert isinstance(onnax.VjpPass(), ir.passes.FunctionalPass)
+
+
+def test_symbolic_dimension_survives() -> None:
+    g = onnax.vjp(model())
+    assert str(g.graph.outputs[-2].shape[0]) == "N"
+    res = run(g, {**feeds(), "adj_y": np.array(1.0), "adj_z": np.ones((4, 3))})
+    assert res["adj_x"].shape == (4, 3)
+    res = run(
+        g,
+        {
+            "x": np.ones((7, 3)),
+            "w": np.ones(3),
+            "shape": np.array([7, 3]),
+            "adj_y": np.array(1.0),
+            "adj_z": np.ones((7, 3)),
+        },
+    )
+    assert res["adj_x"].shape == (7, 3)
+
+
+def test_opset_11_model_is_converted_before_transforming() -> None:
+    m = ir.from_onnx_text(
+        """<ir_version: 7, opset_import: ["" : 9]>
+        g (double[3] x) => (double[3] y) { y = Mul(x, x) }"""
+    )
+    j = onnax.jvp(m)
+    assert j.opset_imports[""] >= 11
+    check_jvp(m, {"x": np.array([1.0, 2.0, 3.0])})
+
+
+def test_checker_failure_is_reported_first() -> None:
+    proto = onnx.helper.make_model(
+        onnx.helper.make_graph(
+            [
+                onnx.helper.make_node("Relu", ["x"], ["y"]),
+                onnx.helper.make_node("Relu", ["x"], ["y"]),
+            ],
+            "g",
+            [onnx.helper.make_tensor_value_info("x", onnx.TensorProto.FLOAT, [2])],
+            [onnx.helper.make_tensor_value_info("y", onnx.TensorProto.FLOAT, [2])],
+        ),
+        opset_imports=[onnx.helper.make_opsetid("", 18)],
+    )
+    with pytest.raises(
+        onnax.InvalidModelError, match=r"fails onnx\.checker.*onnx\.checker\.check_model"
+    ):
+        onnax.jvp(ir.from_proto(proto), inputs=["nonexistent"])
