@@ -17,8 +17,10 @@ __all__ = ["JvpPass"]
 
 
 def materialize(em: Emitter, graph: ir.Graph, t: ir.Value | None, primal: ir.Value) -> ir.Value:
-    """A value that can become a new graph output: zeros for a symbolic zero, and an Identity
-    where the tangent is already an input or output of the graph.
+    """A value that can become a new graph output.
+
+    Zeros stand in for a symbolic zero; an Identity separates a tangent that is already an input
+    or output of the graph.
     """
     if t is None:
         t = em.zeros_like(primal)

@@ -1,1 +1,432 @@
-"""Rules: see the module list in onnax.rules."""
+"""Gather and scatter: Gather GatherElements GatherND ScatterElements ScatterND.
+
+The gathers are linear in ``data``: the tangent gathers the tangent, and the transpose
+*scatter-adds* the cotangent into zeros shaped like ``data``. Indices may repeat, so the scatter
+must add. From opset 16 that is ``ScatterND``/``ScatterElements`` with ``reduction="add"``;
+before 16 no scatter can add, and the transposes contract the cotangent with a one-hot encoding
+of the indices instead (``Equal`` against a ``Range``, then ``MatMul`` or ``Mul`` + ``ReduceSum``).
+Negative indices are normalised (``Where(idx < 0, idx + dim, idx)``) before any scatter or
+one-hot encoding.
+
+The scatters are linear in ``data`` and ``updates`` jointly for ``reduction`` none and add:
+
+* none: ``y = scatter(data, idx, updates)``; the tangent scatters the tangents. Transposed,
+  ``data`` receives the cotangent with the overwritten positions zeroed and ``updates`` gathers
+  it. ONNX leaves the result of duplicate indices under ``reduction="none"`` undefined, and so is
+  the derivative: the transpose assumes unique indices (as the ONNX spec requires).
+* add: ``y = data + scatter_add(updates)``; ``data`` receives the cotangent itself.
+* mul (16), max and min (18) are not linear. Their tangents are
+  ``t_data * A + scatter_add(zeros, idx, t_updates * C)`` with coefficients ``A``, ``C`` built from
+  primal values: for mul, exact products of the *other* factors (zeros in ``updates`` handled by
+  counting them, no division by zero); for max/min, the selection mask of the winning operand,
+  shared equally among tied winners (as JAX does for ``max``).
+
+The deprecated ``Scatter`` (opsets 9-10) has no rule: models older than 11 are converted first.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import numpy as np
+import onnx_ir as ir
+
+from onnax.core.attrs import const_ints
+from onnax.core.diagnostics import node_label, op_label
+from onnax.core.emit import Emitter, InternalRuleError
+from onnax.core.registry import jvp_rules, transpose_rules
+from onnax.errors import UnsupportedOperatorError
+
+Tangents = Sequence[ir.Value | None]
+
+# The first opset whose ScatterND/ScatterElements accept reduction="add".
+_SCATTER_ADD_OPSET = 16
+
+
+# ------------------------------------------------------------------------------ helpers
+def _rank(node: ir.Node, value: ir.Value, what: str) -> int:
+    """The static rank of ``value``; a user-reachable error when shape inference left it unknown."""
+    if value.shape is None:
+        raise UnsupportedOperatorError(
+            f"{op_label(node)} ({node_label(node)}): differentiating it needs the rank of its "
+            f"{what} {value.name!r}, which shape inference could not determine. Remedy: declare "
+            "the shapes (at least the ranks) of the model's inputs, or run shape inference on the "
+            "model first."
+        )
+    return value.shape.rank()
+
+
+def _axis(node: ir.Node, rank: int) -> int:
+    axis = node.attributes.get_int("axis", 0)
+    return axis + rank if axis < 0 else axis
+
+
+def _static_dim(value: ir.Value, axis: int) -> int | None:
+    if value.shape is None:
+        return None
+    d = value.shape.dims[axis]
+    return d if isinstance(d, int) else None
+
+
+def _dim(em: Emitter, value: ir.Value, axis: int) -> ir.Value:
+    """The size of ``value`` along ``axis`` as a rank-0 int64 (a constant when static)."""
+    d = _static_dim(value, axis)
+    if d is not None:
+        return em.const(np.array(d, dtype=np.int64))
+    return em.op("Gather", [em.shape(value), em.const(np.array(axis, dtype=np.int64))])
+
+
+def _dims_vector(em: Emitter, value: ir.Value, start: int, stop: int) -> ir.Value:
+    """The sizes of ``value`` along axes ``start:stop`` as a 1-D int64."""
+    dims = [_static_dim(value, i) for i in range(start, stop)]
+    if all(d is not None for d in dims):
+        return em.ints([int(d) for d in dims if d is not None])
+    return em.slice(em.shape(value), [start], [stop], [0])
+
+
+def _dims_match(a: ir.Value, b: ir.Value, skip: int) -> bool:
+    """True when ``a`` and ``b`` provably have equal sizes on every axis but ``skip``."""
+    if a.shape is None or b.shape is None or a.shape.rank() != b.shape.rank():
+        return False
+    for i, (da, db) in enumerate(zip(a.shape.dims, b.shape.dims, strict=True)):
+        if i == skip:
+            continue
+        if isinstance(da, int) or isinstance(db, int):
+            if da != db:
+                return False
+        elif da.value is None or da.value != db.value:
+            return False
+    return True
+
+
+def _as_int64(em: Emitter, idx: ir.Value) -> ir.Value:
+    if idx.dtype == ir.DataType.INT64:
+        return idx
+    return em.op("Cast", [idx], {"to": ir.DataType.INT64})
+
+
+def _normalized(em: Emitter, idx: ir.Value, size: ir.Value) -> ir.Value:
+    """``idx`` as int64 with negative entries wrapped by ``size`` (broadcast against ``idx``).
+
+    The one-hot encodings compare indices with a ``Range``, and the spec of a scatter need not
+    match the gather it transposes in how it treats negative indices; wrapping first is exact.
+    """
+    idx64 = _as_int64(em, idx)
+    static = const_ints(idx)
+    if static is not None and all(i >= 0 for i in static):
+        return idx64
+    negative = em.op("Less", [idx64, em.scalar(0, ir.DataType.INT64)])
+    return em.op("Where", [negative, em.op("Add", [idx64, size]), idx64])
+
+
+def _filled(em: Emitter, shape: ir.Value, dtype: ir.DataType, fill: float) -> ir.Value:
+    """A tensor of ``fill`` with run-time ``shape`` (never reads a linear value)."""
+    return em.op(
+        "ConstantOfShape", [shape], {"value": ir.tensor(np.full((1,), fill, dtype=dtype.numpy()))}
+    )
+
+
+def _dtype(value: ir.Value) -> ir.DataType:
+    if value.dtype is None:
+        raise InternalRuleError(f"indexing: value {value.name!r} has no dtype")
+    return value.dtype
+
+
+def _permuted_shape(em: Emitter, value: ir.Value, perm: Sequence[int]) -> ir.Value:
+    """The shape of ``value`` with its entries permuted by ``perm``."""
+    dims = [_static_dim(value, i) for i in perm]
+    if all(d is not None for d in dims):
+        return em.ints([int(d) for d in dims if d is not None])
+    return em.op("Gather", [em.shape(value), em.ints(perm)])
+
+
+def _range(em: Emitter, size: ir.Value) -> ir.Value:
+    """``[0, 1, ..., size - 1]`` (int64) for a rank-0 int64 ``size``."""
+    zero, one = em.scalar(0, ir.DataType.INT64), em.scalar(1, ir.DataType.INT64)
+    return em.op("Range", [zero, size, one])
+
+
+def _one_hot(em: Emitter, idx: ir.Value, size: ir.Value, dtype: ir.DataType) -> ir.Value:
+    """``onehot[..., k] = (idx[...] == k)`` in ``dtype``, shape ``idx.shape + [size]``.
+
+    ``idx`` must be non-negative int64 of static rank (the caller unsqueezes its last axis).
+    """
+    eq = em.op("Equal", [idx, _range(em, size)])
+    return em.op("Cast", [eq], {"to": dtype})
+
+
+def _attrs(node: ir.Node) -> dict[str, object]:
+    return {k: a.value for k, a in node.attributes.items()}
+
+
+# --------------------------------------------------------------------------------- Gather
+def _gather_jvp(em: Emitter, node: ir.Node, tangents: Tangents) -> list[ir.Value | None]:
+    t = tangents[0]
+    if t is None:
+        return [None]
+    return [em.op(node.op_type, [t, *node.inputs[1:]], _attrs(node))]
+
+
+def _gather_transpose(
+    em: Emitter, node: ir.Node, cts: Tangents, linear: Sequence[bool]
+) -> list[ir.Value | None]:
+    ct, (data, idx) = cts[0], node.inputs
+    assert data is not None and idx is not None
+    if ct is None or not linear[0]:
+        return [None, None]
+    r, q = _rank(node, data, "input 'data'"), _rank(node, idx, "input 'indices'")
+    a = _axis(node, r)
+    d_a = _dim(em, data, a)
+    idx_n = _normalized(em, idx, d_a)
+    # ct has shape D[:a] + I + D[a+1:], with I = indices.shape (q axes).
+    if em.opset >= _SCATTER_ADD_OPSET:
+        # Move the gathered axis of data first and the index axes of ct first, so that ScatterND
+        # addresses whole slices: zeros [d_a, D[:a], D[a+1:]], updates [I, D[:a], D[a+1:]].
+        ct_p = em.transpose(ct, [*range(a, a + q), *range(a), *range(a + q, r + q - 1)])
+        zeros = _filled(
+            em, _permuted_shape(em, data, [a, *range(a), *range(a + 1, r)]), _dtype(data), 0.0
+        )
+        summed = em.op("ScatterND", [zeros, em.unsqueeze(idx_n, [q]), ct_p], {"reduction": "add"})
+        return [em.transpose(summed, [*range(1, a + 1), 0, *range(a + 1, r)]), None]
+    # Before opset 16: ct_data[.., k, ..] = sum_n ct[.., n, ..] * (idx[n] == k), a MatMul of the
+    # cotangent (index axes flattened last) with a one-hot [n, d_a] matrix.
+    flat = idx_n if q == 1 else em.op("Reshape", [idx_n, em.ints([-1])])
+    onehot = _one_hot(em, em.unsqueeze(flat, [1]), d_a, _dtype(data))
+    ct_t = em.transpose(ct, [*range(a), *range(a + q, r + q - 1), *range(a, a + q)])
+    if q != 1:
+        ct_t = em.op("Reshape", [ct_t, em.ints([0] * (r - 1) + [-1])])
+    summed = em.op("MatMul", [ct_t, onehot])  # D[:a] + D[a+1:] + [d_a]
+    return [em.transpose(summed, [*range(a), r - 1, *range(a, r - 1)]), None]
+
+
+for _v in (11, 13):
+    jvp_rules.add("Gather", _gather_jvp, since_version=_v)
+    transpose_rules.add("Gather", _gather_transpose, since_version=_v)
+
+
+# ------------------------------------------------------------------------- GatherElements
+def _gather_elements_transpose(
+    em: Emitter, node: ir.Node, cts: Tangents, linear: Sequence[bool]
+) -> list[ir.Value | None]:
+    ct, (data, idx) = cts[0], node.inputs
+    assert data is not None and idx is not None
+    if ct is None or not linear[0]:
+        return [None, None]
+    r = _rank(node, data, "input 'data'")
+    a = _axis(node, r)
+    d_a = _dim(em, data, a)
+    idx_n = _normalized(em, idx, d_a)
+    if em.opset >= _SCATTER_ADD_OPSET:
+        zeros = em.zeros_like(data)
+        return [
+            em.op("ScatterElements", [zeros, idx_n, ct], {"axis": a, "reduction": "add"}),
+            None,
+        ]
+    # Before opset 16: a one-hot axis k next to the gathered axis,
+    # ct_data[.., k, ..] = sum_j ct[.., j, ..] * (idx[.., j, ..] == k).
+    positions = em.unsqueeze(_range(em, d_a), list(range(1, r - a)))  # [d_a, 1, ..., 1]
+    eq = em.op("Equal", [em.unsqueeze(idx_n, [a + 1]), positions])
+    onehot = em.op("Cast", [eq], {"to": _dtype(data)})
+    spread = em.op("Mul", [em.unsqueeze(ct, [a + 1]), onehot])
+    summed = em.reduce_sum(spread, [a], keepdims=False)  # idx.shape with axis a -> d_a
+    if _dims_match(data, idx, a):
+        return [summed, None]
+    # GatherElements allows indices smaller than data on the other axes: pad with zeros.
+    mask = em.ints([0 if i == a else 1 for i in range(r)])
+    tail = em.op("Mul", [em.op("Sub", [em.shape(data), em.shape(idx)]), mask])
+    pads = em.op("Concat", [em.ints([0] * r), tail], {"axis": 0})
+    return [em.op("Pad", [summed, pads]), None]
+
+
+for _v in (11, 13):
+    jvp_rules.add("GatherElements", _gather_jvp, since_version=_v)
+    transpose_rules.add("GatherElements", _gather_elements_transpose, since_version=_v)
+
+
+# ------------------------------------------------------------------------------- GatherND
+def _index_depth(node: ir.Node, idx: ir.Value, q: int) -> int:
+    k = _static_dim(idx, q - 1) if q else None
+    if k is None:
+        raise UnsupportedOperatorError(
+            f"{op_label(node)} ({node_label(node)}): differentiating it needs a static last "
+            f"dimension of 'indices' {idx.name!r} (the index depth), found shape "
+            f"{idx.shape}. Remedy: give the indices a fixed last dimension, e.g. declare the "
+            "input with a known size or feed them as a constant."
+        )
+    return k
+
+
+def _gather_nd_transpose(
+    em: Emitter, node: ir.Node, cts: Tangents, linear: Sequence[bool]
+) -> list[ir.Value | None]:
+    ct, (data, idx) = cts[0], node.inputs
+    assert data is not None and idx is not None
+    if ct is None or not linear[0]:
+        return [None, None]
+    r, q = _rank(node, data, "input 'data'"), _rank(node, idx, "input 'indices'")
+    b = node.attributes.get_int("batch_dims", 0)
+    k = _index_depth(node, idx, q)
+    idx_n = _normalized(em, idx, _dims_vector(em, data, b, b + k))
+    dtype = _dtype(data)
+    if em.opset >= _SCATTER_ADD_OPSET:
+        if b:
+            # ScatterND has no batch_dims: prepend the batch coordinates to every index tuple.
+            grid_shape = em.op(
+                "Concat",
+                [em.slice(em.shape(idx), [0], [q - 1], [0]), em.ints([1])],
+                {"axis": 0},
+            )
+            pieces = []
+            for j in range(b):
+                coords = em.unsqueeze(
+                    _range(em, _dim(em, data, j)), [i for i in range(q) if i != j]
+                )
+                pieces.append(em.op("Expand", [coords, grid_shape]))
+            idx_n = em.op("Concat", [*pieces, idx_n], {"axis": -1})
+        zeros = em.zeros_like(data)
+        return [em.op("ScatterND", [zeros, idx_n, ct], {"reduction": "add"}), None]
+    # Before opset 16: flatten each index tuple to a row-major offset into D[b:b+k] (size M) and
+    # contract the cotangent with its one-hot encoding, batched over the batch axes B:
+    #   ct [B, J, R] -> [B, R, 1, n] @ onehot [B, 1.., n, M] -> [B, R, 1, M] -> [B, 1, M, R] -> D.
+    n_j, n_r = q - 1 - b, r - b - k
+    if k == 0:
+        lin = _filled(em, em.slice(em.shape(idx), [0], [q - 1], [0]), ir.DataType.INT64, 0)
+    else:
+        lin = em.op("Gather", [idx_n, em.const(np.array(0, dtype=np.int64))], {"axis": q - 1})
+        for j in range(1, k):
+            part = em.op("Gather", [idx_n, em.const(np.array(j, dtype=np.int64))], {"axis": q - 1})
+            lin = em.op("Add", [em.op("Mul", [lin, _dim(em, data, b + j)]), part])
+    sizes = [_static_dim(data, b + j) for j in range(k)]
+    if all(s is not None for s in sizes):
+        size = em.const(np.array(int(np.prod([s for s in sizes if s is not None])), dtype=np.int64))
+    else:
+        size = em.scalar(1, ir.DataType.INT64)
+        for j in range(k):
+            size = em.op("Mul", [size, _dim(em, data, b + j)])
+    lin_f = em.op("Reshape", [lin, em.ints([0] * b + [-1])])  # [B, n]
+    onehot = _one_hot(em, em.unsqueeze(lin_f, [b + 1]), size, dtype)  # [B, n, M]
+    onehot = em.unsqueeze(onehot, list(range(b, b + n_r)))  # [B, 1 (n_r times), n, M]
+    ct_t = em.transpose(ct, [*range(b), *range(b + n_j, b + n_j + n_r), *range(b, b + n_j)])
+    ct_f = em.op("Reshape", [ct_t, em.ints([0] * (b + n_r) + [1, -1])])  # [B, R, 1, n]
+    summed = em.op("MatMul", [ct_f, onehot])  # [B, R, 1, M]
+    summed = em.transpose(summed, [*range(b), b + n_r, b + n_r + 1, *range(b, b + n_r)])
+    return [em.op("Reshape", [summed, em.shape(data)]), None]
+
+
+for _v in (11, 12, 13):
+    jvp_rules.add("GatherND", _gather_jvp, since_version=_v)
+    transpose_rules.add("GatherND", _gather_nd_transpose, since_version=_v)
+
+
+# ----------------------------------------------------------- ScatterElements / ScatterND
+def _reduction(node: ir.Node) -> str:
+    return node.attributes.get_string("reduction", "none")
+
+
+def _scatter(
+    em: Emitter, node: ir.Node, x: ir.Value, idx: ir.Value, u: ir.Value, reduction: str
+) -> ir.Value:
+    """The node's scatter (same operator and axis) with ``reduction``."""
+    attrs: dict[str, object] = {"reduction": None if reduction == "none" else reduction}
+    if node.op_type == "ScatterElements":
+        attrs["axis"] = node.attributes.get_int("axis", 0)
+    return em.op(node.op_type, [x, idx, u], attrs)
+
+
+def _gather_for(em: Emitter, node: ir.Node, x: ir.Value, idx: ir.Value) -> ir.Value:
+    """The gather that reads, for every element of ``updates``, the position it is scattered to."""
+    if node.op_type == "ScatterElements":
+        return em.op("GatherElements", [x, idx], {"axis": node.attributes.get_int("axis", 0)})
+    return em.op("GatherND", [x, idx])
+
+
+def _scatter_jvp(em: Emitter, node: ir.Node, tangents: Tangents) -> list[ir.Value | None]:
+    (data, idx, u), (td, _, tu) = node.inputs, tangents
+    assert data is not None and idx is not None and u is not None
+    if td is None and tu is None:
+        return [None]
+    reduction = _reduction(node)
+    if reduction in ("none", "add"):
+        # Linear in (data, updates) jointly: scatter the tangents the same way.
+        td = td if td is not None else em.zeros_like(data)
+        tu = tu if tu is not None else em.zeros_like(u)
+        return [_scatter(em, node, td, idx, tu, reduction)]
+    y, dtype = node.outputs[0], _dtype(data)
+    shape = em.shape(data)
+    zero, one = em.scalar(0.0, dtype), em.scalar(1.0, dtype)
+    terms: list[ir.Value] = []
+    if reduction == "mul":
+        # y_p = data_p * prod_{i -> p} u_i.
+        if td is not None:
+            prod = _scatter(em, node, _filled(em, shape, dtype, 1.0), idx, u, "mul")
+            terms.append(em.op("Mul", [td, prod]))
+        if tu is not None:
+            # dy_p/du_i = data_p * prod_{j -> p, j != i} u_j, without dividing by a zero u_i:
+            # Q_p = product of the nonzero u_j, Z_p = number of zero u_j scattered to p.
+            is_zero = em.op("Equal", [u, zero])
+            safe = em.op("Where", [is_zero, one, u])
+            q_all = _scatter(em, node, _filled(em, shape, dtype, 1.0), idx, safe, "mul")
+            n_zero = _scatter(
+                em,
+                node,
+                _filled(em, shape, dtype, 0.0),
+                idx,
+                em.op("Cast", [is_zero], {"to": dtype}),
+                "add",
+            )
+            q_at = _gather_for(em, node, em.op("Mul", [data, q_all]), idx)
+            z_at = _gather_for(em, node, n_zero, idx)
+            when_zero = em.op("Where", [em.op("Equal", [z_at, one]), q_at, zero])
+            when_nonzero = em.op(
+                "Where", [em.op("Equal", [z_at, zero]), em.op("Div", [q_at, safe]), zero]
+            )
+            coef = em.op("Where", [is_zero, when_zero, when_nonzero])
+            spread = em.op("Mul", [tu, coef])
+            terms.append(_scatter(em, node, _filled(em, shape, dtype, 0.0), idx, spread, "add"))
+        return [em.add_all(terms)]
+    if reduction in ("max", "min"):
+        # The winner of each position carries the derivative; tied winners share it equally.
+        y_at = _gather_for(em, node, y, idx)
+        won_u = em.op("Cast", [em.op("Equal", [u, y_at])], {"to": dtype})
+        won_d = em.op("Cast", [em.op("Equal", [data, y])], {"to": dtype})
+        count = _scatter(em, node, won_d, idx, won_u, "add")
+        if td is not None:
+            terms.append(em.op("Mul", [td, em.op("Div", [won_d, count])]))
+        if tu is not None:
+            coef = em.op("Div", [won_u, _gather_for(em, node, count, idx)])
+            spread = em.op("Mul", [tu, coef])
+            terms.append(_scatter(em, node, _filled(em, shape, dtype, 0.0), idx, spread, "add"))
+        return [em.add_all(terms)]
+    raise UnsupportedOperatorError(
+        f"{op_label(node)} ({node_label(node)}): no derivative rule for reduction={reduction!r}; "
+        "onnax differentiates reduction none, add, mul, max and min. Remedy: use one of those "
+        "reductions, or leave the inputs that feed this node out of `inputs`."
+    )
+
+
+def _scatter_transpose(
+    em: Emitter, node: ir.Node, cts: Tangents, linear: Sequence[bool]
+) -> list[ir.Value | None]:
+    ct, (data, idx, u) = cts[0], node.inputs
+    assert data is not None and idx is not None and u is not None
+    if ct is None:
+        return [None, None, None]
+    reduction = _reduction(node)
+    if reduction not in ("none", "add"):
+        raise InternalRuleError(f"{node.op_type} with reduction={reduction!r} is not linear")
+    ct_data: ir.Value | None = None
+    ct_u: ir.Value | None = None
+    if linear[0]:
+        # none: the overwritten positions do not depend on data (assumes unique indices).
+        ct_data = (
+            ct if reduction == "add" else _scatter(em, node, ct, idx, em.zeros_like(u), "none")
+        )
+    if linear[2]:
+        ct_u = _gather_for(em, node, ct, idx)
+    return [ct_data, None, ct_u]
+
+
+for _op in ("ScatterElements", "ScatterND"):
+    for _v in (11, 13, 16, 18):
+        jvp_rules.add(_op, _scatter_jvp, since_version=_v)
+        transpose_rules.add(_op, _scatter_transpose, since_version=_v)

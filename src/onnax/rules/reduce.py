@@ -1,1 +1,401 @@
-"""Rules: see the module list in onnax.rules."""
+"""Reductions and softmax: ReduceSum ReduceMean ReduceMax ReduceMin ReduceProd ReduceSumSquare
+ReduceL1 ReduceL2 ReduceLogSum ReduceLogSumExp Softmax LogSoftmax.
+
+Every reduction's tangent is a ``ReduceSum`` (``ReduceMean`` for ReduceMean) of the input tangent
+times an elementwise coefficient ``dy/dx_i`` built from primal values, over the node's own axes
+with its own ``keepdims``. The coefficient broadcasts against ``x`` because it is computed from
+the reduced values *with* kept dimensions (an ``Unsqueeze`` of the output when the axes are
+static, a recomputed reduction with ``keepdims=1`` when they are only known at run time). So the
+linear part uses ``Mul``, ``Div`` and ``ReduceSum``/``ReduceMean`` only, and reverse mode needs
+just the two transpose rules of this module (``ReduceSum``, ``ReduceMean``), which unsqueeze the
+cotangent back to the kept-dimensions shape and ``Expand`` it to the input's run-time shape.
+
+Choices and limitations:
+
+* **Axes.** Static axes (an attribute, an initializer or a ``Constant``) are used as given:
+  negative axes mean the same thing to ``ReduceSum``, ``Unsqueeze`` and ``Gather`` as to the
+  primal reduction, so the input rank is rarely needed. Run-time axes (an input from opset 13 for
+  ReduceSum, 18 for the others) are supported too: the emitted reductions take the same axes input
+  and ``noop_with_empty_axes``, and the transpose rebuilds the kept-dimensions shape at run time
+  with ``ScatterElements`` of ones into the input's shape.
+* **Empty axes.** Absent or empty axes reduce everything, unless ``noop_with_empty_axes=1``, in
+  which case the reduction is the identity for ReduceSum/Mean/Max/Min/Prod/LogSumExp and the
+  elementwise map for the others (``x**2``, ``|x|``, ``|x|``, ``log x``); the generic coefficient
+  formulas give the right derivative of each (checked against onnxruntime's behaviour).
+* **ReduceMax/ReduceMin ties.** The tangent flows through the arg-extremes; when several elements
+  tie for the extreme, it is split equally between them (``mask = x == y``;
+  ``dy = ReduceSum(mask * t) / ReduceSum(mask)``), the convention of JAX and PyTorch's ``amax``.
+  Any convex combination is a valid subgradient; this one is symmetric and keeps jvp and vjp
+  mutual adjoints.
+* **ReduceProd** is exact also where ``x`` has zeros: with ``p`` the product of the non-zero
+  elements and ``z`` the number of zeros in a slice, ``dy/dx_i`` is ``p / x_i`` when ``z == 0``,
+  ``p`` for the one zero element when ``z == 1``, and 0 otherwise.
+* **ReduceL2** has derivative ``x / y``; where ``y == 0`` (the whole slice is zero, a kink) the
+  tangent is 0.
+* **Softmax/LogSoftmax** before opset 13 normalise over the flattened block ``axis..rank-1``; the
+  tangent then sums over all of those axes (``ReduceSum`` with ``keepdims=1``), which is the same
+  thing without reshaping. From 13 on they normalise along ``axis`` alone.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from collections.abc import Sequence
+
+import numpy as np
+import onnx_ir as ir
+
+from onnax.core.attrs import int_attr, ints_param
+from onnax.core.diagnostics import node_label, op_label
+from onnax.core.emit import Emitter, InternalRuleError
+from onnax.core.registry import JvpRule, jvp_rules, transpose_rules
+from onnax.errors import UnsupportedOperatorError
+
+Tangents = Sequence[ir.Value | None]
+
+# The since_versions of each reduction's schema (onnx 1.23): the axes attribute became an input at
+# 13 (ReduceSum) or 18 (the rest); 12/20 (Max/Min) and 28 (LogSum/LogSumExp) added types only.
+_VERSIONS: dict[str, tuple[int, ...]] = {
+    "ReduceSum": (1, 11, 13),
+    "ReduceMean": (1, 11, 13, 18),
+    "ReduceMax": (1, 11, 12, 13, 18, 20),
+    "ReduceMin": (1, 11, 12, 13, 18, 20),
+    "ReduceProd": (1, 11, 13, 18),
+    "ReduceSumSquare": (1, 11, 13, 18),
+    "ReduceL1": (1, 11, 13, 18),
+    "ReduceL2": (1, 11, 13, 18),
+    "ReduceLogSum": (1, 11, 13, 18, 28),
+    "ReduceLogSumExp": (1, 11, 13, 18, 28),
+}
+
+
+# ------------------------------------------------------------------------- reading a node
+@dataclasses.dataclass(frozen=True)
+class _Reduction:
+    """The axes and flags of a reduction node.
+
+    Attributes:
+        axes: The reduced axes as given (possibly negative) when static; ``None`` to reduce every
+            axis; ``[]`` when the node is the identity (``noop_with_empty_axes=1`` with no axes);
+            the axes input itself when it is only known at run time.
+        keepdims: Whether reduced axes are kept with size 1.
+        noop: ``noop_with_empty_axes`` (only matters for run-time axes, which may be empty).
+    """
+
+    axes: list[int] | ir.Value | None
+    keepdims: bool
+    noop: bool
+
+    @property
+    def identity(self) -> bool:
+        return isinstance(self.axes, list) and not self.axes
+
+
+def _reduction(node: ir.Node) -> _Reduction:
+    keepdims = bool(int_attr(node, "keepdims", 1))
+    noop = bool(int_attr(node, "noop_with_empty_axes", 0))
+    param = ints_param(node, "axes", 1)
+    if isinstance(param, ir.Value):
+        return _Reduction(param, keepdims, noop)
+    if not param:  # absent or empty: everything, or nothing with noop_with_empty_axes
+        return _Reduction([] if noop else None, keepdims, noop)
+    return _Reduction(list(param), keepdims, noop)
+
+
+def _reduce_like(
+    em: Emitter, op_type: str, x: ir.Value, red: _Reduction, *, keepdims: bool
+) -> ir.Value:
+    """``op_type`` over the axes of ``red`` (same axes input, same ``noop_with_empty_axes``)."""
+    if isinstance(red.axes, ir.Value):
+        # Run-time axes exist only at opsets where every reduction we emit takes axes as input.
+        attrs = {"keepdims": int(keepdims), "noop_with_empty_axes": int(red.noop) or None}
+        return em.op(op_type, [x, red.axes], attrs)
+    return em.reduce(op_type, x, red.axes, keepdims=keepdims)
+
+
+def _kept(em: Emitter, op_type: str, x: ir.Value, y: ir.Value, red: _Reduction) -> ir.Value:
+    """The output ``y`` of ``op_type(x)`` with the reduced axes kept, broadcastable against ``x``."""
+    if red.keepdims or red.identity or red.axes is None:
+        return y  # a full reduction without keepdims is a scalar, which broadcasts as it is
+    if isinstance(red.axes, ir.Value):
+        # The kept shape would need run-time shape arithmetic; recomputing is simpler and exact.
+        return _reduce_like(em, op_type, x, red, keepdims=True)
+    return em.unsqueeze(y, red.axes)
+
+
+def _dtype(value: ir.Value) -> ir.DataType:
+    if value.dtype is None:
+        raise InternalRuleError(f"value {value.name!r} has no dtype")
+    return value.dtype
+
+
+def _io(node: ir.Node) -> tuple[ir.Value, ir.Value]:
+    x = node.inputs[0]
+    assert x is not None
+    return x, node.outputs[0]
+
+
+def _linear_reduce(em: Emitter, node: ir.Node, t: ir.Value, coef: ir.Value | None) -> ir.Value:
+    """``ReduceSum(t * coef)`` over the node's axes, shaped like the node's output."""
+    red = _reduction(node)
+    weighted = t if coef is None else em.op("Mul", [t, coef])
+    return _reduce_like(em, "ReduceSum", weighted, red, keepdims=red.keepdims)
+
+
+# ------------------------------------------------------------------------- jvp rules
+def _reduce_sum_jvp(em: Emitter, node: ir.Node, tangents: Tangents) -> list[ir.Value | None]:
+    t = tangents[0]
+    return [None if t is None else _linear_reduce(em, node, t, None)]
+
+
+def _reduce_mean_jvp(em: Emitter, node: ir.Node, tangents: Tangents) -> list[ir.Value | None]:
+    t = tangents[0]
+    if t is None:
+        return [None]
+    red = _reduction(node)
+    return [_reduce_like(em, "ReduceMean", t, red, keepdims=red.keepdims)]
+
+
+def _reduce_extreme_jvp(em: Emitter, node: ir.Node, tangents: Tangents) -> list[ir.Value | None]:
+    """ReduceMax/ReduceMin: the tangent of the extreme, averaged over ties (see module doc)."""
+    t = tangents[0]
+    if t is None:
+        return [None]
+    (x, y), red = _io(node), _reduction(node)
+    is_extreme = em.op("Equal", [x, _kept(em, node.op_type, x, y, red)])
+    mask = em.op("Cast", [is_extreme], {"to": int(_dtype(x))})
+    ties = _reduce_like(em, "ReduceSum", mask, red, keepdims=True)
+    return [_linear_reduce(em, node, t, em.op("Div", [mask, ties]))]
+
+
+def _reduce_prod_jvp(em: Emitter, node: ir.Node, tangents: Tangents) -> list[ir.Value | None]:
+    """ReduceProd, exact at zeros: dy/dx_i is the product of the other elements."""
+    t = tangents[0]
+    if t is None:
+        return [None]
+    (x, _), red = _io(node), _reduction(node)
+    zero, one = em.scalar(0.0, x), em.scalar(1.0, x)
+    is_zero = em.op("Equal", [x, zero])
+    x_safe = em.op("Where", [is_zero, one, x])
+    nonzero_prod = _reduce_like(em, "ReduceProd", x_safe, red, keepdims=True)
+    zeros = _reduce_like(
+        em, "ReduceSum", em.op("Cast", [is_zero], {"to": int(_dtype(x))}), red, keepdims=True
+    )
+    # A non-zero element's partner product is p / x_i if the slice has no zero, else 0; a zero
+    # element's is p if it is the slice's only zero, else 0.
+    at_nonzero = em.op(
+        "Where", [em.op("Equal", [zeros, zero]), em.op("Div", [nonzero_prod, x_safe]), zero]
+    )
+    at_zero = em.op("Where", [em.op("Equal", [zeros, one]), nonzero_prod, zero])
+    coef = em.op("Where", [is_zero, at_zero, at_nonzero])
+    return [_linear_reduce(em, node, t, coef)]
+
+
+def _reduce_sum_square_jvp(em: Emitter, node: ir.Node, tangents: Tangents) -> list[ir.Value | None]:
+    t = tangents[0]
+    if t is None:
+        return [None]
+    x, _ = _io(node)
+    return [_linear_reduce(em, node, t, em.op("Add", [x, x]))]
+
+
+def _reduce_l1_jvp(em: Emitter, node: ir.Node, tangents: Tangents) -> list[ir.Value | None]:
+    t = tangents[0]
+    if t is None:
+        return [None]
+    x, _ = _io(node)
+    return [_linear_reduce(em, node, t, em.op("Sign", [x]))]
+
+
+def _reduce_l2_jvp(em: Emitter, node: ir.Node, tangents: Tangents) -> list[ir.Value | None]:
+    """d||x|| = <x, t> / ||x||, and 0 where the norm is 0 (then x is 0 on the whole slice)."""
+    t = tangents[0]
+    if t is None:
+        return [None]
+    x, y = _io(node)
+    one = em.scalar(1.0, y)
+    safe_norm = em.op("Where", [em.op("Equal", [y, em.scalar(0.0, y)]), one, y])
+    return [em.op("Div", [_linear_reduce(em, node, t, x), safe_norm])]
+
+
+def _reduce_log_sum_jvp(em: Emitter, node: ir.Node, tangents: Tangents) -> list[ir.Value | None]:
+    """d log(sum x) = sum(t) / sum(x); the sum is recomputed rather than read back as exp(y)."""
+    t = tangents[0]
+    if t is None:
+        return [None]
+    (x, _), red = _io(node), _reduction(node)
+    total = _reduce_like(em, "ReduceSum", x, red, keepdims=red.keepdims)
+    return [em.op("Div", [_linear_reduce(em, node, t, None), total])]
+
+
+def _reduce_log_sum_exp_jvp(
+    em: Emitter, node: ir.Node, tangents: Tangents
+) -> list[ir.Value | None]:
+    """The softmax weights exp(x - y) of the slice."""
+    t = tangents[0]
+    if t is None:
+        return [None]
+    (x, y), red = _io(node), _reduction(node)
+    weights = em.op("Exp", [em.op("Sub", [x, _kept(em, node.op_type, x, y, red)])])
+    return [_linear_reduce(em, node, t, weights)]
+
+
+_JVP = {
+    "ReduceSum": _reduce_sum_jvp,
+    "ReduceMean": _reduce_mean_jvp,
+    "ReduceMax": _reduce_extreme_jvp,
+    "ReduceMin": _reduce_extreme_jvp,
+    "ReduceProd": _reduce_prod_jvp,
+    "ReduceSumSquare": _reduce_sum_square_jvp,
+    "ReduceL1": _reduce_l1_jvp,
+    "ReduceL2": _reduce_l2_jvp,
+    "ReduceLogSum": _reduce_log_sum_jvp,
+    "ReduceLogSumExp": _reduce_log_sum_exp_jvp,
+}
+
+for _op, _rule in _JVP.items():
+    for _v in _VERSIONS[_op]:
+        jvp_rules.add(_op, _rule, since_version=_v)
+
+
+# ------------------------------------------------------------------------- transpose rules
+def _runtime_kept_shape(em: Emitter, shape: ir.Value, red: _Reduction) -> ir.Value:
+    """The kept-dimensions output shape for run-time axes: ``shape`` with 1 at every reduced axis."""
+    axes = red.axes
+    assert isinstance(axes, ir.Value)
+    ones_like_axes = em.op(
+        "ConstantOfShape", [em.op("Shape", [axes])], {"value": ir.tensor(np.ones((1,), np.int64))}
+    )
+    # ScatterElements accepts negative indices, with the same meaning as the reduction's axes.
+    kept = em.op("ScatterElements", [shape, axes, ones_like_axes], {"axis": 0})
+    if red.noop:
+        return kept  # empty axes: no reduction, the shape is unchanged
+    all_ones = em.op(
+        "ConstantOfShape", [em.op("Shape", [shape])], {"value": ir.tensor(np.ones((1,), np.int64))}
+    )
+    empty = em.op("Equal", [em.op("Size", [axes]), em.const(np.array(0, np.int64))])
+    return em.op("Where", [empty, all_ones, kept])
+
+
+def _spread(em: Emitter, ct: ir.Value, x: ir.Value, red: _Reduction) -> ir.Value:
+    """The transpose of ``ReduceSum`` over ``red``: ``ct`` broadcast back to the shape of ``x``."""
+    if red.identity:
+        return ct
+    shape = em.shape(x)
+    if not red.keepdims:
+        if isinstance(red.axes, ir.Value):
+            ct = em.op("Reshape", [ct, _runtime_kept_shape(em, shape, red)])
+        elif red.axes is not None:  # a full reduction gives a scalar, which Expand broadcasts
+            ct = em.unsqueeze(ct, red.axes)
+    return em.op("Expand", [ct, shape])
+
+
+def _reduced_count(em: Emitter, x: ir.Value, red: _Reduction, dtype: ir.DataType) -> ir.Value:
+    """The number of elements each output of a mean averages, as a scalar of ``dtype``."""
+    dims = x.shape.dims if x.shape is not None else None
+    if not isinstance(red.axes, ir.Value) and dims is not None:
+        picked = list(dims) if red.axes is None else [dims[a] for a in red.axes]
+        if all(isinstance(d, int) for d in picked):
+            return em.scalar(float(math.prod(int(d) for d in picked)), dtype)
+    shape = em.shape(x)
+    to = {"to": int(dtype)}
+    if isinstance(red.axes, ir.Value):
+        # Both products are computed in floating point: an empty input makes the count 0/0, but
+        # then the cotangent it divides is empty as well.
+        whole = em.reduce("ReduceProd", em.op("Cast", [shape], to), None, keepdims=False)
+        kept = em.reduce(
+            "ReduceProd",
+            em.op("Cast", [_runtime_kept_shape(em, shape, red)], to),
+            None,
+            keepdims=False,
+        )
+        return em.op("Div", [whole, kept])
+    picked_dims = (
+        shape if red.axes is None else em.op("Gather", [shape, em.ints(red.axes)], {"axis": 0})
+    )
+    return em.reduce("ReduceProd", em.op("Cast", [picked_dims], to), None, keepdims=False)
+
+
+def _reduce_sum_transpose(
+    em: Emitter, node: ir.Node, cts: Tangents, linear: Sequence[bool]
+) -> list[ir.Value | None]:
+    ct, (x, _) = cts[0], _io(node)
+    rest: list[ir.Value | None] = [None] * (len(node.inputs) - 1)
+    if ct is None:
+        return [None, *rest]
+    return [_spread(em, ct, x, _reduction(node)), *rest]
+
+
+def _reduce_mean_transpose(
+    em: Emitter, node: ir.Node, cts: Tangents, linear: Sequence[bool]
+) -> list[ir.Value | None]:
+    ct, (x, y) = cts[0], _io(node)
+    rest: list[ir.Value | None] = [None] * (len(node.inputs) - 1)
+    if ct is None:
+        return [None, *rest]
+    red = _reduction(node)
+    if red.identity:
+        return [ct, *rest]
+    # Dividing before spreading touches the (smaller) output-shaped cotangent only.
+    scaled = em.op("Div", [ct, _reduced_count(em, x, red, _dtype(y))])
+    return [_spread(em, scaled, x, red), *rest]
+
+
+for _v in _VERSIONS["ReduceSum"]:
+    transpose_rules.add("ReduceSum", _reduce_sum_transpose, since_version=_v)
+for _v in _VERSIONS["ReduceMean"]:
+    transpose_rules.add("ReduceMean", _reduce_mean_transpose, since_version=_v)
+
+
+# ------------------------------------------------------------------------- Softmax, LogSoftmax
+def _softmax_axes(node: ir.Node, *, flatten: bool) -> list[int]:
+    """The axes a (Log)Softmax normalises over: ``axis..rank-1`` before opset 13, else ``[axis]``."""
+    x, _ = _io(node)
+    axis = int_attr(node, "axis", 1 if flatten else -1)
+    if not flatten:
+        return [axis]
+    if x.shape is None:
+        raise UnsupportedOperatorError(
+            f"{op_label(node)} ({node_label(node)}): before opset 13 it normalises over the "
+            f"flattened axes {axis}..rank-1 of its input, but the rank of input {x.name!r} is "
+            "unknown. Remedy: give the input a shape (at least its rank) in the model, or "
+            "convert the model to opset 13 or newer."
+        )
+    rank = x.shape.rank()
+    start = axis + rank if axis < 0 else axis
+    return list(range(start, rank))
+
+
+def _softmax_jvp(flatten: bool) -> JvpRule:
+    def rule(em: Emitter, node: ir.Node, tangents: Tangents) -> list[ir.Value | None]:
+        """dy = y * (t - sum(y * t)) over the normalised axes."""
+        t = tangents[0]
+        if t is None:
+            return [None]
+        _, y = _io(node)
+        axes = _softmax_axes(node, flatten=flatten)
+        mean_t = em.reduce_sum(em.op("Mul", [t, y]), axes, keepdims=True)
+        return [em.op("Mul", [em.op("Sub", [t, mean_t]), y])]
+
+    return rule
+
+
+def _log_softmax_jvp(flatten: bool) -> JvpRule:
+    def rule(em: Emitter, node: ir.Node, tangents: Tangents) -> list[ir.Value | None]:
+        """dy = t - sum(softmax * t) over the normalised axes, softmax = exp(y)."""
+        t = tangents[0]
+        if t is None:
+            return [None]
+        _, y = _io(node)
+        axes = _softmax_axes(node, flatten=flatten)
+        softmax = em.op("Exp", [y])
+        mean_t = em.reduce_sum(em.op("Mul", [t, softmax]), axes, keepdims=True)
+        return [em.op("Sub", [t, mean_t])]
+
+    return rule
+
+
+for _v, _flatten in ((1, True), (11, True), (13, False)):
+    jvp_rules.add("Softmax", _softmax_jvp(_flatten), since_version=_v)
+    jvp_rules.add("LogSoftmax", _log_softmax_jvp(_flatten), since_version=_v)

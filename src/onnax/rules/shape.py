@@ -1,28 +1,649 @@
-"""Shape and layout operators: Expand (more to come: Reshape Flatten Transpose Squeeze Unsqueeze
-Concat Split Slice Pad Tile Constant ConstantOfShape Range)."""
+"""Shape and layout operators, inference Dropout, and the sources Constant, ConstantOfShape, Range.
+
+Covered: Reshape Flatten Transpose Squeeze Unsqueeze Concat Split Slice Pad Tile Expand Dropout.
+
+Every operator here is linear in its data input, so the tangent is the operator applied to the
+tangent and the transpose undoes the layout change:
+
+* pure relayouts (Reshape, Flatten, Squeeze, Unsqueeze) reshape the cotangent back, or apply the
+  inverse operator when its parameters are known, which needs no run-time shape;
+* Concat and Split transpose into each other (Concat into Slices of the linear inputs only);
+* Slice transposes into a constant Pad where every bound is static and the steps are ±1, and into
+  a ScatterND of the cotangent into zeros otherwise. The scatter indices come from slicing a
+  ``Range`` over each axis with the node's own starts/ends/steps, so ONNX's clamping rules are
+  applied by the runtime exactly as in the primal instead of being re-implemented;
+* Pad in constant mode transposes into a Pad by the negated pads (a crop); edge/reflect/wrap are
+  gathers along each axis whose source indices come from padding a ``Range`` with the node's own
+  pads and mode, and transpose into a contraction with a one-hot matrix per axis (valid at every
+  opset, unlike ScatterElements with ``reduction="add"``);
+* Tile sums the repeats out of an interleaved reshape of the cotangent.
+
+Parameters that are only known at run time (shapes, pads, slice bounds, axes) are handled with
+shape arithmetic on primal values, so a dynamic dimension survives into the derivative model.
+"""
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+import functools
+from collections.abc import Callable, Iterable, Sequence
 
+import numpy as np
 import onnx_ir as ir
 
-from onnax.core.emit import Emitter
-from onnax.core.registry import jvp_rules, transpose_rules
+from onnax.core.attrs import const_ints, int_attr, ints_attr, ints_param
+from onnax.core.diagnostics import node_label, op_label
+from onnax.core.emit import Emitter, InternalRuleError
+from onnax.core.registry import JvpRule, TransposeRule, jvp_rules, transpose_rules
 from onnax.core.shapes import unbroadcast
+from onnax.errors import UnsupportedOperatorError
+from onnax.rules._patterns import register_zero
 
 Tangents = Sequence[ir.Value | None]
+Param = int | ir.Value
+"""A per-axis integer: a Python int when static, else a 1-D int64 Value holding one element."""
+
+_INT64_MAX = int(np.iinfo(np.int64).max)
+_INT64_MIN = int(np.iinfo(np.int64).min)
 
 
-# -------------------------------------------------------------------------------- Expand
-@jvp_rules.register("Expand", since_version=8)
+def _register(
+    op_type: str, versions: Iterable[int], jvp: JvpRule, transpose: TransposeRule | None
+) -> None:
+    for v in versions:
+        jvp_rules.add(op_type, jvp, since_version=v)
+        if transpose is not None:
+            transpose_rules.add(op_type, transpose, since_version=v)
+
+
+# ------------------------------------------------------------------------------ helpers
+def _attrs(node: ir.Node) -> dict[str, object]:
+    return {k: a.value for k, a in node.attributes.items()}
+
+
+def _trim(inputs: Sequence[ir.Value | None]) -> list[ir.Value | None]:
+    """Drops trailing omitted optional inputs."""
+    out = list(inputs)
+    while out and out[-1] is None:
+        out.pop()
+    return out
+
+
+def _rank(node: ir.Node, value: ir.Value) -> int:
+    if value.shape is None:
+        raise UnsupportedOperatorError(
+            f"the rank of {value.name!r}, input of {op_label(node)} ({node_label(node)}), is unknown "
+            "after shape inference, and the derivative of this operator needs it. Remedy: give "
+            "the model's inputs shapes of known rank (symbolic dimensions are fine)."
+        )
+    return value.shape.rank()
+
+
+def _norm_axis(axis: int, rank: int) -> int:
+    return axis + rank if axis < 0 else axis
+
+
+def _reshape_like(em: Emitter, ct: ir.Value, like: ir.Value) -> ir.Value:
+    """Reshapes ``ct`` to the shape of ``like`` (literal zeros in that shape stay zeros)."""
+    attrs = {"allowzero": 1} if em.opset >= 14 else None
+    return em.op("Reshape", [ct, em.shape(like)], attrs)
+
+
+def _int64(em: Emitter, value: ir.Value) -> ir.Value:
+    """Slice bounds may be int32; the index arithmetic here is int64."""
+    if value.dtype == ir.DataType.INT64:
+        return value
+    return em.op("Cast", [value], {"to": ir.DataType.INT64})
+
+
+def _as_vector(em: Emitter, p: Param) -> ir.Value:
+    return em.ints([p]) if isinstance(p, int) else p
+
+
+def _element(em: Emitter, vector: ir.Value, k: int) -> ir.Value:
+    return em.slice(vector, [k], [k + 1], [0])
+
+
+def _dim(em: Emitter, x: ir.Value, shape_x: Callable[[], ir.Value], axis: int) -> Param:
+    """Dimension ``axis`` of ``x``: an int when static, else a 1-element vector."""
+    assert x.shape is not None
+    d = x.shape.dims[axis]
+    if isinstance(d, int):
+        return d
+    return _element(em, shape_x(), axis)
+
+
+def _arange(em: Emitter, n: Param) -> ir.Value:
+    """``[0, 1, ..., n-1]`` as int64."""
+    if isinstance(n, int):
+        return em.const(np.arange(n, dtype=np.int64))
+    zero, one = em.const(np.array(0, np.int64)), em.const(np.array(1, np.int64))
+    return em.op("Range", [zero, em.squeeze(n, [0]), one])
+
+
+def _add(em: Emitter, a: Param, b: Param) -> Param:
+    if isinstance(a, int) and isinstance(b, int):
+        return a + b
+    if isinstance(a, int) and a == 0:
+        return b
+    return em.op("Add", [_as_vector(em, a), _as_vector(em, b)])
+
+
+def _spread(
+    em: Emitter,
+    values: list[int] | ir.Value,
+    axes: list[int] | ir.Value | None,
+    rank: int,
+    default: int,
+) -> list[Param]:
+    """Per-axis parameters from ``values`` given for ``axes`` (None: the leading axes).
+
+    Axes that ``axes`` does not list get ``default``. Run-time axes are normalized and scattered
+    into a full-rank vector at run time.
+    """
+    if axes is None:
+        if isinstance(values, ir.Value):
+            n = (
+                values.shape.dims[0]
+                if values.shape is not None and values.shape.rank() == 1
+                else None
+            )
+            if not isinstance(n, int):
+                # The length is only known at run time: the axes are Range(len(values)).
+                length = em.op("Shape", [values])
+                axes = _arange(em, length)
+            else:
+                axes = list(range(n))
+        else:
+            axes = list(range(len(values)))
+    if not isinstance(axes, ir.Value):
+        out: list[Param] = [default] * rank
+        for k, a in enumerate(axes):
+            out[_norm_axis(a, rank)] = (
+                values[k] if isinstance(values, list) else _element(em, values, k)
+            )
+        return out
+    axes = _int64(em, axes)
+    rank_c = em.ints([rank])
+    normalized = em.op(
+        "Where", [em.op("Less", [axes, em.ints([0])]), em.op("Add", [axes, rank_c]), axes]
+    )
+    vector = values if isinstance(values, ir.Value) else em.ints(values)
+    full = em.op("ScatterElements", [em.ints([default] * rank), normalized, vector], {"axis": 0})
+    return [_element(em, full, j) for j in range(rank)]
+
+
+def _move_last(em: Emitter, x: ir.Value, axis: int, rank: int) -> ir.Value:
+    return em.transpose(x, [a for a in range(rank) if a != axis] + [axis])
+
+
+def _move_back(em: Emitter, x: ir.Value, axis: int, rank: int) -> ir.Value:
+    perm = [a for a in range(rank) if a != axis] + [axis]
+    return em.transpose(x, [int(i) for i in np.argsort(perm)])
+
+
+# ------------------------------------------------------------------------------ Expand
 def _expand_jvp(em: Emitter, node: ir.Node, tangents: Tangents) -> list[ir.Value | None]:
     t = tangents[0]
     return [None if t is None else em.op("Expand", [t, node.inputs[1]])]
 
 
-@transpose_rules.register("Expand", since_version=8)
-def _expand_transpose(em: Emitter, node: ir.Node, cts: Tangents, linear: Sequence[bool]) -> list[ir.Value | None]:
+def _expand_transpose(
+    em: Emitter, node: ir.Node, cts: Tangents, linear: Sequence[bool]
+) -> list[ir.Value | None]:
     ct, x = cts[0], node.inputs[0]
     assert ct is not None and x is not None
     return [unbroadcast(em, ct, x, node.outputs[0]), None]
+
+
+_register("Expand", (8, 13), _expand_jvp, _expand_transpose)
+
+
+# ----------------------------------------------------------- same operator on the tangent
+def _same_op_jvp(em: Emitter, node: ir.Node, tangents: Tangents) -> list[ir.Value | None]:
+    """The operator applied to the tangent of its data input, other inputs and attributes kept."""
+    t = tangents[0]
+    if t is None:
+        return [None] * len(node.outputs)
+    outs = em.op_multi(
+        node.op_type, [t, *node.inputs[1:]], _attrs(node), num_outputs=len(node.outputs)
+    )
+    return list(outs)
+
+
+def _reshape_back_transpose(
+    em: Emitter, node: ir.Node, cts: Tangents, linear: Sequence[bool]
+) -> list[ir.Value | None]:
+    """Transpose of a relayout that keeps the element order (Reshape, Flatten, Squeeze...)."""
+    ct, x = cts[0], node.inputs[0]
+    assert ct is not None and x is not None
+    return [_reshape_like(em, ct, x), *[None] * (len(node.inputs) - 1)]
+
+
+_register("Reshape", (5, 13, 14, 19, 21, 23, 24, 25), _same_op_jvp, _reshape_back_transpose)
+_register("Flatten", (9, 11, 13, 21, 23, 24, 25), _same_op_jvp, _reshape_back_transpose)
+
+
+# ------------------------------------------------------------------------------ Transpose
+def _transpose_transpose(
+    em: Emitter, node: ir.Node, cts: Tangents, linear: Sequence[bool]
+) -> list[ir.Value | None]:
+    ct = cts[0]
+    assert ct is not None
+    perm = ints_attr(node, "perm")
+    if perm is None:
+        # The default reverses the axes, which is its own inverse.
+        return [em.op("Transpose", [ct])]
+    return [em.transpose(ct, [int(i) for i in np.argsort(perm)])]
+
+
+_register("Transpose", (1, 13, 21, 23, 24, 25), _same_op_jvp, _transpose_transpose)
+
+
+# --------------------------------------------------------------------- Squeeze / Unsqueeze
+def _squeeze_like(em: Emitter, op_type: str, ct: ir.Value, axes: list[int] | ir.Value) -> ir.Value:
+    if isinstance(axes, ir.Value):
+        return em.op(op_type, [ct, axes])
+    return em.squeeze(ct, axes) if op_type == "Squeeze" else em.unsqueeze(ct, axes)
+
+
+def _squeeze_transpose(
+    em: Emitter, node: ir.Node, cts: Tangents, linear: Sequence[bool]
+) -> list[ir.Value | None]:
+    # Squeeze and Unsqueeze with the same axes are inverse (negative axes refer to the rank of
+    # the larger tensor in both). Without axes Squeeze drops every size-1 dimension, which only
+    # the input's shape tells: reshape back to it.
+    ct, x = cts[0], node.inputs[0]
+    assert ct is not None and x is not None
+    axes = ints_param(node, "axes", 1)
+    rest: list[ir.Value | None] = [None] * (len(node.inputs) - 1)
+    if axes is None:
+        return [_reshape_like(em, ct, x), *rest]
+    inverse = "Unsqueeze" if node.op_type == "Squeeze" else "Squeeze"
+    return [_squeeze_like(em, inverse, ct, axes), *rest]
+
+
+for _op in ("Squeeze", "Unsqueeze"):
+    _register(_op, (11, 13, 21, 23, 24, 25), _same_op_jvp, _squeeze_transpose)
+
+
+# ------------------------------------------------------------------------------ Concat
+def _concat_jvp(em: Emitter, node: ir.Node, tangents: Tangents) -> list[ir.Value | None]:
+    if all(t is None for t in tangents):
+        return [None]
+    parts: list[ir.Value | None] = []
+    for x, t in zip(node.inputs, tangents, strict=True):
+        assert x is not None
+        parts.append(t if t is not None else em.zeros_like(x))
+    return [em.op("Concat", parts, _attrs(node))]
+
+
+def _concat_transpose(
+    em: Emitter, node: ir.Node, cts: Tangents, linear: Sequence[bool]
+) -> list[ir.Value | None]:
+    ct, y = cts[0], node.outputs[0]
+    assert ct is not None
+    axis = _norm_axis(int_attr(node, "axis", 0), _rank(node, y))
+    results: list[ir.Value | None] = []
+    offset: Param = 0
+    for x, is_linear in zip(node.inputs, linear, strict=True):
+        assert x is not None
+        size = _dim(em, x, functools.partial(em.shape, x), axis)
+        end = _add(em, offset, size)
+        if is_linear:
+            results.append(em.slice(ct, _as_vector(em, offset), _as_vector(em, end), [axis]))
+        else:
+            results.append(None)
+        offset = end
+    return results
+
+
+_register("Concat", (4, 11, 13), _concat_jvp, _concat_transpose)
+
+
+# ------------------------------------------------------------------------------- Split
+def _split_transpose(
+    em: Emitter, node: ir.Node, cts: Tangents, linear: Sequence[bool]
+) -> list[ir.Value | None]:
+    # Outputs without a cotangent contribute zeros shaped like them.
+    parts: list[ir.Value | None] = [
+        ct if ct is not None else em.zeros_like(out)
+        for ct, out in zip(cts, node.outputs, strict=True)
+    ]
+    result = (
+        parts[0] if len(parts) == 1 else em.op("Concat", parts, {"axis": int_attr(node, "axis", 0)})
+    )
+    return [result, *[None] * (len(node.inputs) - 1)]
+
+
+_register("Split", (2, 11, 13, 18), _same_op_jvp, _split_transpose)
+
+
+# ------------------------------------------------------------------------------- Slice
+def _clamp(start: int, end: int, step: int, dim: int) -> tuple[int, int]:
+    """ONNX Slice's effective ``start`` and ``end`` on a dimension of size ``dim``."""
+    if start < 0:
+        start += dim
+    if end < 0:
+        end += dim
+    if step > 0:
+        return min(max(start, 0), dim), min(max(end, 0), dim)
+    return min(max(start, 0), dim - 1), min(max(end, -1), dim - 1)
+
+
+def _static_slice(node: ir.Node, rank: int) -> dict[int, tuple[int, int, int]] | None:
+    """``{axis: (start, end, step)}`` when every slice parameter is a constant, else None."""
+    starts, ends = const_ints(node.inputs[1]), const_ints(node.inputs[2])
+    axes_in = node.inputs[3] if len(node.inputs) > 3 else None
+    steps_in = node.inputs[4] if len(node.inputs) > 4 else None
+    axes = const_ints(axes_in) if axes_in is not None else None
+    steps = const_ints(steps_in) if steps_in is not None else None
+    if (
+        starts is None
+        or ends is None
+        or (axes_in is not None and axes is None)
+        or (steps_in is not None and steps is None)
+    ):
+        return None
+    axes = axes if axes is not None else list(range(len(starts)))
+    steps = steps if steps is not None else [1] * len(starts)
+    return {
+        _norm_axis(a, rank): (s, e, st)
+        for a, s, e, st in zip(axes, starts, ends, steps, strict=True)
+    }
+
+
+def _slice_pad_transpose(
+    em: Emitter, ct: ir.Value, x: ir.Value, rank: int, params: dict[int, tuple[int, int, int]]
+) -> ir.Value:
+    """Transpose of a static slice with steps ±1: reverse where the step is -1, then zero-pad."""
+    assert x.shape is not None
+    begins, ends = [0] * rank, [0] * rank
+    reversed_axes: list[int] = []
+    for axis, (start, end, step) in params.items():
+        dim = x.shape.dims[axis]
+        assert isinstance(dim, int)
+        s, e = _clamp(start, end, step, dim)
+        if step == 1:
+            n = max(0, e - s)
+            begins[axis], ends[axis] = s, dim - s - n
+        else:
+            # Positions s, s-1, ..., s-n+1; reversed they are the block s-n+1 .. s.
+            n = max(0, s - e)
+            begins[axis], ends[axis] = s - n + 1, dim - 1 - s
+            reversed_axes.append(axis)
+    if reversed_axes:
+        k = len(reversed_axes)
+        ct = em.slice(ct, [-1] * k, [_INT64_MIN] * k, reversed_axes, [-1] * k)
+    if any(begins) or any(ends):
+        ct = em.op("Pad", [ct, em.ints(begins + ends)])
+    return ct
+
+
+def _slice_scatter_transpose(
+    em: Emitter, node: ir.Node, ct: ir.Value, x: ir.Value, rank: int
+) -> ir.Value:
+    """Transpose of any slice: ScatterND of the cotangent into zeros shaped like the input.
+
+    The positions kept along each axis are ``Slice(Range(dim), start, end, step)``: the node's
+    own parameters, so the runtime applies ONNX's clamping exactly as in the primal.
+    """
+    inputs = list(node.inputs) + [None] * (5 - len(node.inputs))
+    starts_in, ends_in, axes_in, steps_in = inputs[1], inputs[2], inputs[3], inputs[4]
+    assert starts_in is not None and ends_in is not None
+
+    def param(value: ir.Value) -> list[int] | ir.Value:
+        static = const_ints(value)
+        return static if static is not None else _int64(em, value)
+
+    starts, ends = param(starts_in), param(ends_in)
+    axes = param(axes_in) if axes_in is not None else None
+    per_start = _spread(em, starts, axes, rank, 0)
+    per_end = _spread(em, ends, axes, rank, _INT64_MAX)
+    per_step: list[Param] = [1] * rank
+    if steps_in is not None:
+        per_step = _spread(em, param(steps_in), axes, rank, 1)
+    shape_memo: list[ir.Value] = []
+
+    def shape_x() -> ir.Value:
+        if not shape_memo:
+            shape_memo.append(em.shape(x))
+        return shape_memo[0]
+
+    pieces: list[ir.Value] = []
+    lengths: list[ir.Value] = []
+    for j in range(rank):
+        positions = _arange(em, _dim(em, x, shape_x, j))
+        s, e, st = per_start[j], per_end[j], per_step[j]
+        if not (s == 0 and e == _INT64_MAX and st == 1):
+            positions = em.slice(
+                positions, _as_vector(em, s), _as_vector(em, e), [0], _as_vector(em, st)
+            )
+        lengths.append(em.op("Shape", [positions]))
+        # Along axis j only, with a trailing axis for the index component.
+        pieces.append(em.unsqueeze(positions, [a for a in range(rank + 1) if a != j]))
+    out_shape = em.op("Concat", [*lengths, em.ints([1])], {"axis": 0})
+    grid = em.op("Concat", [em.op("Expand", [p, out_shape]) for p in pieces], {"axis": -1})
+    assert x.dtype is not None
+    zero = ir.tensor(np.zeros((1,), dtype=x.dtype.numpy()))
+    zeros = em.op("ConstantOfShape", [shape_x()], {"value": zero})
+    return em.op("ScatterND", [zeros, grid, ct])
+
+
+def _slice_transpose(
+    em: Emitter, node: ir.Node, cts: Tangents, linear: Sequence[bool]
+) -> list[ir.Value | None]:
+    ct, x = cts[0], node.inputs[0]
+    assert ct is not None and x is not None
+    rank = _rank(node, x)
+    rest: list[ir.Value | None] = [None] * (len(node.inputs) - 1)
+    params = _static_slice(node, rank)
+    assert x.shape is not None
+    if params is not None and all(
+        isinstance(x.shape.dims[a], int) and step in (1, -1) for a, (_, _, step) in params.items()
+    ):
+        return [_slice_pad_transpose(em, ct, x, rank, params), *rest]
+    return [_slice_scatter_transpose(em, node, ct, x, rank), *rest]
+
+
+_register("Slice", (10, 11, 13), _same_op_jvp, _slice_transpose)
+
+
+# ---------------------------------------------------------------------------------- Pad
+def _pad_mode(node: ir.Node) -> str:
+    return node.attributes.get_string("mode", "constant")
+
+
+def _pad_input(node: ir.Node, i: int) -> ir.Value | None:
+    return node.inputs[i] if len(node.inputs) > i else None
+
+
+def _pad_jvp(em: Emitter, node: ir.Node, tangents: Tangents) -> list[ir.Value | None]:
+    # Constant mode is linear jointly in the data and the padding value: the padded positions
+    # carry the value's tangent. The other modes copy data elements and ignore the value.
+    x, pads, axes = node.inputs[0], node.inputs[1], _pad_input(node, 3)
+    assert x is not None
+    t_data = tangents[0]
+    t_value = tangents[2] if len(tangents) > 2 and _pad_mode(node) == "constant" else None
+    if t_data is None and t_value is None:
+        return [None]
+    data = t_data if t_data is not None else em.zeros_like(x)
+    return [em.op("Pad", _trim([data, pads, t_value, axes]), _attrs(node))]
+
+
+def _pad_transpose(
+    em: Emitter, node: ir.Node, cts: Tangents, linear: Sequence[bool]
+) -> list[ir.Value | None]:
+    ct, x = cts[0], node.inputs[0]
+    assert ct is not None and x is not None
+    results: list[ir.Value | None] = [None] * len(node.inputs)
+    if _pad_mode(node) != "constant":
+        results[0] = _gather_pad_transpose(em, node, ct, x)
+        return results
+    pads, axes = node.inputs[1], _pad_input(node, 3)
+    assert pads is not None
+    static = const_ints(pads)
+    negated = em.ints([-p for p in static]) if static is not None else em.op("Neg", [pads])
+    # Padding by the negated pads crops what padding added and zero-fills what it cropped.
+    data_part = em.op("Pad", _trim([ct, negated, None, axes]))
+    if linear[0]:
+        results[0] = data_part
+    value = _pad_input(node, 2)
+    if len(linear) > 2 and linear[2] and value is not None:
+        # The value fills every output position that does not come from the data.
+        total = em.op(
+            "Sub",
+            [
+                em.reduce_sum(ct, None, keepdims=False),
+                em.reduce_sum(data_part, None, keepdims=False),
+            ],
+        )
+        rank0 = value.shape is not None and value.shape.rank() == 0
+        results[2] = total if rank0 else _reshape_like(em, total, value)
+    return results
+
+
+def _per_axis_pads(em: Emitter, node: ir.Node, rank: int) -> tuple[list[Param], list[Param]]:
+    """The (begin, end) pads of every axis, static where the node's parameters are."""
+    pads_in, axes_in = node.inputs[1], _pad_input(node, 3)
+    assert pads_in is not None
+    pads_static = const_ints(pads_in)
+    axes: list[int] | ir.Value | None = None
+    if axes_in is not None:
+        axes_static = const_ints(axes_in)
+        axes = axes_static if axes_static is not None else _int64(em, axes_in)
+    if isinstance(axes, ir.Value):
+        count: Param = em.op("Shape", [axes])
+    else:
+        count = len(axes) if axes is not None else rank
+    begins: list[int] | ir.Value
+    ends: list[int] | ir.Value
+    if pads_static is not None and isinstance(count, int):
+        begins, ends = pads_static[:count], pads_static[count:]
+    else:
+        pads = em.ints(pads_static) if pads_static is not None else _int64(em, pads_in)
+        begins = em.slice(pads, [0], _as_vector(em, count), [0])
+        ends = em.slice(pads, _as_vector(em, count), [_INT64_MAX], [0])
+    if axes is None and not isinstance(count, int):
+        raise InternalRuleError("Pad: pads of run-time length need axes")
+    spread_axes = axes if axes is not None else list(range(rank))
+    return _spread(em, begins, spread_axes, rank, 0), _spread(em, ends, spread_axes, rank, 0)
+
+
+def _gather_pad_transpose(em: Emitter, node: ir.Node, ct: ir.Value, x: ir.Value) -> ir.Value:
+    """Transpose of an edge/reflect/wrap Pad, a gather of input elements along each axis.
+
+    The source index of each output position along axis j is ``Pad(Range(d_j), pads_j, mode)``.
+    The transpose contracts the cotangent's axis j with the one-hot matrix of those indices,
+    which sums repeated sources; it is valid at every opset (ScatterElements with
+    ``reduction="add"`` would need opset 16).
+    """
+    rank = _rank(node, x)
+    begins, ends = _per_axis_pads(em, node, rank)
+    assert x.dtype is not None
+    memo: list[ir.Value] = []
+
+    def shape_x() -> ir.Value:
+        if not memo:
+            memo.append(em.shape(x))
+        return memo[0]
+
+    mode = _pad_mode(node)
+    for j in range(rank):
+        if begins[j] == 0 and ends[j] == 0:
+            continue
+        positions = _arange(em, _dim(em, x, shape_x, j))
+        if isinstance(begins[j], int) and isinstance(ends[j], int):
+            pads_j = em.ints([begins[j], ends[j]])  # type: ignore[list-item]
+        else:
+            pads_j = em.op(
+                "Concat", [_as_vector(em, begins[j]), _as_vector(em, ends[j])], {"axis": 0}
+            )
+        sources = em.op("Pad", [positions, pads_j], {"mode": mode})
+        one_hot = em.op(
+            "Cast",
+            [em.op("Equal", [em.unsqueeze(sources, [1]), em.unsqueeze(positions, [0])])],
+            {"to": x.dtype},
+        )
+        moved = _move_last(em, ct, j, rank)
+        ct = _move_back(em, em.op("MatMul", [moved, one_hot]), j, rank)
+    return ct
+
+
+_register("Pad", (11, 13, 18, 19, 21, 23, 24, 25), _pad_jvp, _pad_transpose)
+
+
+# ---------------------------------------------------------------------------------- Tile
+def _tile_transpose(
+    em: Emitter, node: ir.Node, cts: Tangents, linear: Sequence[bool]
+) -> list[ir.Value | None]:
+    # Tile's output along axis i is [reps_i, d_i] flattened: split every axis that way and sum
+    # over the repeats.
+    ct, x, repeats = cts[0], node.inputs[0], node.inputs[1]
+    assert ct is not None and x is not None and repeats is not None
+    rank = _rank(node, x)
+    reps = const_ints(repeats)
+    dims = [d for d in x.shape.dims if isinstance(d, int)] if x.shape is not None else []
+    if reps is not None and len(dims) == rank:
+        split_shape = em.ints([v for pair in zip(reps, dims, strict=True) for v in pair])
+    else:
+        reps_v = em.ints(reps) if reps is not None else repeats
+        pairs = em.op(
+            "Concat", [em.unsqueeze(reps_v, [1]), em.unsqueeze(em.shape(x), [1])], {"axis": 1}
+        )
+        split_shape = em.op("Reshape", [pairs, em.ints([-1])])
+    split = em.op("Reshape", [ct, split_shape])
+    return [em.reduce_sum(split, list(range(0, 2 * rank, 2)), keepdims=False), None]
+
+
+_register("Tile", (6, 13), _same_op_jvp, _tile_transpose)
+
+
+# ------------------------------------------------------------------------------- Dropout
+def _dropout_jvp(em: Emitter, node: ir.Node, tangents: Tangents) -> list[ir.Value | None]:
+    # In inference Dropout copies its input; the mask is boolean and has no tangent.
+    training = node.inputs[2] if len(node.inputs) > 2 else None
+    if training is not None:
+        flag = ir.convenience.get_const_tensor(training)
+        if flag is None or bool(flag.numpy().reshape(-1)[0]):
+            found = "computed at run time" if flag is None else "the constant true"
+            raise UnsupportedOperatorError(
+                f"no derivative rule for {op_label(node)} in training mode ({node_label(node)}): "
+                f"its training_mode input {training.name!r} is {found}, expected absent or a "
+                "constant false. Training-mode dropout draws a random mask. Remedy: export the "
+                "model for inference (drop training_mode or make it a constant false), or feed "
+                "the mask as a model input and multiply by it explicitly."
+            )
+    return [tangents[0], *[None] * (len(node.outputs) - 1)]
+
+
+for _v in (7, 10, 12, 13, 22):
+    jvp_rules.add("Dropout", _dropout_jvp, since_version=_v)
+
+
+# ------------------------------------------------------------------- sources: no tangent
+register_zero(("Constant", "ConstantOfShape"))
+
+
+def _range_jvp(em: Emitter, node: ir.Node, tangents: Tangents) -> list[ir.Value | None]:
+    # y_i = start + i * delta: linear in start and delta; the length is piecewise constant in
+    # limit, so limit has a zero derivative.
+    y = node.outputs[0]
+    t_start, t_delta = tangents[0], tangents[2]
+    if y.dtype not in (ir.DataType.FLOAT, ir.DataType.DOUBLE) or (
+        t_start is None and t_delta is None
+    ):
+        return [None]
+    terms: list[ir.Value | None] = []
+    if t_start is not None:
+        terms.append(em.op("Expand", [t_start, em.shape(y)]))
+    if t_delta is not None:
+        assert y.shape is not None
+        n = y.shape.dims[0]
+        length: Param = n if isinstance(n, int) else em.shape(y)
+        index = em.op("Cast", [_arange(em, length)], {"to": y.dtype})
+        terms.append(em.op("Mul", [index, t_delta]))
+    return [em.add_all(terms)]
+
+
+for _v in (11, 27):
+    jvp_rules.add("Range", _range_jvp, since_version=_v)
