@@ -1,6 +1,6 @@
 """onnax: JAX-style transformations (grad, jvp, vjp) of ONNX models, emitting ordinary ONNX."""
 
-from onnax.api import grad, jvp, vjp, vmap
+from onnax.api import grad, hessian, jacfwd, jacrev, jvp, vjp, vmap
 from onnax.errors import (
     InvalidModelError,
     OnnaxError,
@@ -22,6 +22,9 @@ __all__ = [
     "VjpPass",
     "VmapPass",
     "grad",
+    "hessian",
+    "jacfwd",
+    "jacrev",
     "jvp",
     "vjp",
     "vmap",

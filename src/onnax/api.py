@@ -10,7 +10,7 @@ from onnax.core.batching import RandomnessPolicy
 from onnax.passes import GradPass, JvpPass, VjpPass
 from onnax.passes.vmap import AxisSpec, VmapPass
 
-__all__ = ["grad", "jvp", "vjp", "vmap"]
+__all__ = ["grad", "hessian", "jacfwd", "jacrev", "jvp", "vjp", "vmap"]
 
 
 def jvp(
@@ -132,3 +132,103 @@ def vmap(
         UnsupportedOperatorError: An operator on a batched path has no batch rule.
     """
     return VmapPass(in_axes, out_axes, axis_size, randomness)(model).model
+
+
+def jacfwd(
+    model: ir.Model,
+    inputs: str | Sequence[str] | None = None,
+    outputs: str | Sequence[str] | None = None,
+) -> ir.Model:
+    """Full Jacobians by forward mode: ``vmap(jvp(model))`` over an identity basis.
+
+    The result takes the primal inputs only and returns the primal outputs, then one output
+    ``jac_<y>_<x>`` per selected output ``y`` and input ``x`` (outputs-major order), of shape
+    ``shape(y) + shape(x)``: ``jac[i..., j...] = d y[i...] / d x[j...]``. The basis is generated
+    inside the graph from the run-time sizes, never stored. Cheaper than :func:`jacrev` when the
+    inputs are smaller than the outputs.
+
+    Args:
+        model: The model; it is not modified.
+        inputs: Input or initializer names (default: FLOAT/DOUBLE graph inputs).
+        outputs: Output names (default: FLOAT/DOUBLE outputs).
+
+    Returns:
+        A new ``onnx_ir.Model``.
+
+    Raises:
+        SelectionError: Unknown or non-float names, or inputs and outputs of mixed element types.
+    """
+    from onnax.passes.jacobian import jacobian_model
+
+    return jacobian_model(model, inputs, outputs, "fwd")
+
+
+def jacrev(
+    model: ir.Model,
+    inputs: str | Sequence[str] | None = None,
+    outputs: str | Sequence[str] | None = None,
+) -> ir.Model:
+    """Full Jacobians by reverse mode: ``vmap(vjp(model))`` over an identity basis.
+
+    Same outputs and layout as :func:`jacfwd` (``jac_<y>_<x>`` of shape ``shape(y) + shape(x)``,
+    outputs-major order); cheaper when the outputs are smaller than the inputs.
+
+    Args:
+        model: The model; it is not modified.
+        inputs: Input or initializer names (default: FLOAT/DOUBLE graph inputs).
+        outputs: Output names (default: FLOAT/DOUBLE outputs).
+
+    Returns:
+        A new ``onnx_ir.Model``.
+
+    Raises:
+        SelectionError: Unknown or non-float names, or inputs and outputs of mixed element types.
+    """
+    from onnax.passes.jacobian import jacobian_model
+
+    return jacobian_model(model, inputs, outputs, "rev")
+
+
+def hessian(
+    model: ir.Model,
+    inputs: str | Sequence[str] | None = None,
+    output: str | None = None,
+) -> ir.Model:
+    """The Hessian of one rank-0 output, as ``jacfwd(jacrev(model))``.
+
+    The result takes the primal inputs and returns the primal outputs, then one output
+    ``hess_<y>_<x1>_<x2>`` per ordered pair of selected inputs, of shape
+    ``shape(x1) + shape(x2)``: ``hess[i..., j...] = d² y / d x1[i...] d x2[j...]``.
+
+    Args:
+        model: The model; it is not modified.
+        inputs: Input or initializer names (default: FLOAT/DOUBLE graph inputs).
+        output: The rank-0 output (default: the only rank-0 FLOAT/DOUBLE output).
+
+    Returns:
+        A new ``onnx_ir.Model``.
+
+    Raises:
+        SelectionError: The output is not a rank-0 float, or there is no unique default.
+    """
+    from onnax.passes.grad import scalar_output
+    from onnax.passes.jacobian import jacobian_model
+    from onnax.passes.prepare import prepare
+
+    prepared = prepare(model, "hessian")
+    y = scalar_output(prepared.graph, output)
+    first = jacobian_model(prepared, inputs, [str(y.name)], "rev")
+    n_primal = len(prepared.graph.outputs)
+    grads = [str(v.name) for v in list(first.graph.outputs)[n_primal:]]
+    x_names = [g[len(f"jac_{y.name}_") :] for g in grads]
+    second = jacobian_model(first, x_names, grads, "fwd")
+    graph = second.graph
+    primal = list(graph.outputs)[:n_primal]
+    blocks = list(graph.outputs)[n_primal + len(grads) :]
+    graph.outputs.clear()
+    graph.outputs.extend(primal)
+    for k, block in enumerate(blocks):
+        x1, x2 = x_names[k // len(x_names)], x_names[k % len(x_names)]
+        block.name = f"hess_{y.name}_{x1}_{x2}"
+        graph.outputs.append(block)
+    return second

@@ -131,13 +131,17 @@ class Emitter:
         return self.op("Shape", [value])
 
     def zeros_like(self, value: ir.Value) -> ir.Value:
-        """A tensor of zeros with the shape and element type of ``value``."""
+        """A tensor of zeros with the shape and element type of ``value``.
+
+        Spelled ``Expand(0, shape)`` rather than ``ConstantOfShape``: symbolic shape inference
+        gives the former a shape even when a dimension is symbolic, and later rules need it.
+        """
         if value.dtype is None:
             raise InternalRuleError(f"zeros_like(): value {value.name!r} has no dtype")
-        zero = ir.tensor(np.zeros((1,), dtype=value.dtype.numpy()))
+        zero = self.scalar(0.0, value)
         if value.shape is not None and value.shape.rank() == 0:
-            return self.scalar(0.0, value)
-        return self.op("ConstantOfShape", [self.shape(value)], {"value": zero})
+            return zero
+        return self.op("Expand", [zero, self.shape(value)])
 
     # ------------------------------------------------------ opset-aware spellings
     def reduce(

@@ -16,10 +16,10 @@ from onnax.passes.linearize import linearize
 from onnax.passes.prepare import prepare
 from onnax.passes.transpose import transpose_linear
 
-__all__ = ["GradPass"]
+__all__ = ["GradPass", "scalar_output"]
 
 
-def _scalar_output(graph: ir.Graph, output: str | None) -> ir.Value:
+def scalar_output(graph: ir.Graph, output: str | None) -> ir.Value:
     if output is not None and not isinstance(output, str):
         raise SelectionError(
             f"grad: `output` must be one graph output name (str), got {type(output).__name__}; "
@@ -75,7 +75,7 @@ class GradPass(ir.passes.FunctionalPass):
         """Builds the gradient model; the argument is left untouched."""
         model = prepare(model, "grad")
         graph = model.graph
-        y = _scalar_output(graph, self.output)
+        y = scalar_output(graph, self.output)
         xs = select_inputs(graph, self.inputs, "grad")
         prefix = diff_prefix(io_names(graph), "grad")
         claims = NameClaims(model)

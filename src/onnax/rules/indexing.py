@@ -19,7 +19,9 @@ The scatters are linear in ``data`` and ``updates`` jointly for ``reduction`` no
   ``t_data * A + scatter_add(zeros, idx, t_updates * C)`` with coefficients ``A``, ``C`` built from
   primal values: for mul, exact products of the *other* factors (zeros in ``updates`` handled by
   counting them, no division by zero); for max/min, the selection mask of the winning operand,
-  shared equally among tied winners (as JAX does for ``max``).
+  shared equally among tied winners (as JAX does for ``max``). The mul coefficients switch
+  branches where an update is exactly zero: the first derivative is exact there too, but
+  differentiating it again (second order) is exact only where no update is exactly zero.
 
 The deprecated ``Scatter`` (opsets 9-10) has no rule: models older than 11 are converted first.
 """
@@ -120,10 +122,20 @@ def _normalized(em: Emitter, idx: ir.Value, size: ir.Value) -> ir.Value:
 
 
 def _filled(em: Emitter, shape: ir.Value, dtype: ir.DataType, fill: float) -> ir.Value:
-    """A tensor of ``fill`` with run-time ``shape`` (never reads a linear value)."""
-    return em.op(
-        "ConstantOfShape", [shape], {"value": ir.tensor(np.full((1,), fill, dtype=dtype.numpy()))}
-    )
+    """A tensor of ``fill`` with run-time ``shape`` (never reads a linear value).
+
+    ``Expand`` of a scalar rather than ``ConstantOfShape``: symbolic shape inference gives the
+    former a shape when ``shape`` comes from ``Shape`` of a symbolic tensor, not the latter, and
+    the transposes of later consumers (``Mul``, ``Add``) need it.
+    """
+    return em.op("Expand", [em.scalar(fill, dtype), shape])
+
+
+def _zeros_like(em: Emitter, value: ir.Value) -> ir.Value:
+    """Zeros with the shape and element type of ``value`` (which may be linear)."""
+    if value.shape is not None and value.shape.rank() == 0:
+        return em.scalar(0.0, _dtype(value))
+    return _filled(em, em.shape(value), _dtype(value), 0.0)
 
 
 def _dtype(value: ir.Value) -> ir.DataType:
@@ -134,6 +146,8 @@ def _dtype(value: ir.Value) -> ir.DataType:
 
 def _permuted_shape(em: Emitter, value: ir.Value, perm: Sequence[int]) -> ir.Value:
     """The shape of ``value`` with its entries permuted by ``perm``."""
+    if list(perm) == list(range(len(perm))):
+        return em.shape(value)
     dims = [_static_dim(value, i) for i in perm]
     if all(d is not None for d in dims):
         return em.ints([int(d) for d in dims if d is not None])
@@ -217,7 +231,7 @@ def _gather_elements_transpose(
     d_a = _dim(em, data, a)
     idx_n = _normalized(em, idx, d_a)
     if em.opset >= _SCATTER_ADD_OPSET:
-        zeros = em.zeros_like(data)
+        zeros = _zeros_like(em, data)
         return [
             em.op("ScatterElements", [zeros, idx_n, ct], {"axis": a, "reduction": "add"}),
             None,
@@ -283,7 +297,7 @@ def _gather_nd_transpose(
                 )
                 pieces.append(em.op("Expand", [coords, grid_shape]))
             idx_n = em.op("Concat", [*pieces, idx_n], {"axis": -1})
-        zeros = em.zeros_like(data)
+        zeros = _zeros_like(em, data)
         return [em.op("ScatterND", [zeros, idx_n, ct], {"reduction": "add"}), None]
     # Before opset 16: flatten each index tuple to a row-major offset into D[b:b+k] (size M) and
     # contract the cotangent with its one-hot encoding, batched over the batch axes B:
@@ -348,60 +362,63 @@ def _scatter_jvp(em: Emitter, node: ir.Node, tangents: Tangents) -> list[ir.Valu
     reduction = _reduction(node)
     if reduction in ("none", "add"):
         # Linear in (data, updates) jointly: scatter the tangents the same way.
-        td = td if td is not None else em.zeros_like(data)
-        tu = tu if tu is not None else em.zeros_like(u)
+        td = td if td is not None else _zeros_like(em, data)
+        tu = tu if tu is not None else _zeros_like(em, u)
         return [_scatter(em, node, td, idx, tu, reduction)]
+    if reduction not in ("mul", "max", "min"):
+        raise UnsupportedOperatorError(
+            f"{op_label(node)} ({node_label(node)}): no derivative rule for "
+            f"reduction={reduction!r}; onnax differentiates reduction none, add, mul, max and "
+            "min. Remedy: use one of those reductions, or leave the inputs that feed this node "
+            "out of `inputs`."
+        )
+    # The tangent is t_data * A + scatter_add(t_updates * C) with primal coefficients A (shaped
+    # like data) and C (shaped like updates), emitted as one scatter-add onto t_data * A.
     y, dtype = node.outputs[0], _dtype(data)
     shape = em.shape(data)
     zero, one = em.scalar(0.0, dtype), em.scalar(1.0, dtype)
-    terms: list[ir.Value] = []
+    coef_d: ir.Value | None = None
+    coef_u: ir.Value | None = None
     if reduction == "mul":
-        # y_p = data_p * prod_{i -> p} u_i.
-        if td is not None:
-            prod = _scatter(em, node, _filled(em, shape, dtype, 1.0), idx, u, "mul")
-            terms.append(em.op("Mul", [td, prod]))
-        if tu is not None:
-            # dy_p/du_i = data_p * prod_{j -> p, j != i} u_j, without dividing by a zero u_i:
-            # Q_p = product of the nonzero u_j, Z_p = number of zero u_j scattered to p.
+        # y_p = data_p * prod_{i -> p} u_i, so A_p = prod_{i -> p} u_i and
+        # C_i = data_p * prod_{j -> p, j != i} u_j, computed without dividing by a zero u_i from
+        # Q_p = product of the nonzero u_j and Z_p = number of zero u_j scattered to p.
+        if tu is None:
+            coef_d = _scatter(em, node, _filled(em, shape, dtype, 1.0), idx, u, "mul")
+        else:
             is_zero = em.op("Equal", [u, zero])
             safe = em.op("Where", [is_zero, one, u])
             q_all = _scatter(em, node, _filled(em, shape, dtype, 1.0), idx, safe, "mul")
+            zeros_d = _filled(em, shape, dtype, 0.0)
             n_zero = _scatter(
-                em,
-                node,
-                _filled(em, shape, dtype, 0.0),
-                idx,
-                em.op("Cast", [is_zero], {"to": dtype}),
-                "add",
+                em, node, zeros_d, idx, em.op("Cast", [is_zero], {"to": dtype}), "add"
             )
+            if td is not None:
+                coef_d = em.op("Where", [em.op("Equal", [n_zero, zero]), q_all, zero])
             q_at = _gather_for(em, node, em.op("Mul", [data, q_all]), idx)
             z_at = _gather_for(em, node, n_zero, idx)
             when_zero = em.op("Where", [em.op("Equal", [z_at, one]), q_at, zero])
             when_nonzero = em.op(
                 "Where", [em.op("Equal", [z_at, zero]), em.op("Div", [q_at, safe]), zero]
             )
-            coef = em.op("Where", [is_zero, when_zero, when_nonzero])
-            spread = em.op("Mul", [tu, coef])
-            terms.append(_scatter(em, node, _filled(em, shape, dtype, 0.0), idx, spread, "add"))
-        return [em.add_all(terms)]
-    if reduction in ("max", "min"):
-        # The winner of each position carries the derivative; tied winners share it equally.
+            coef_u = em.op("Where", [is_zero, when_zero, when_nonzero])
+    else:
+        # max/min: the winner of each position carries the derivative; tied winners share it
+        # equally (count >= 1 everywhere: y is one of the candidates).
         y_at = _gather_for(em, node, y, idx)
         won_u = em.op("Cast", [em.op("Equal", [u, y_at])], {"to": dtype})
         won_d = em.op("Cast", [em.op("Equal", [data, y])], {"to": dtype})
         count = _scatter(em, node, won_d, idx, won_u, "add")
         if td is not None:
-            terms.append(em.op("Mul", [td, em.op("Div", [won_d, count])]))
+            coef_d = em.op("Div", [won_d, count])
         if tu is not None:
-            coef = em.op("Div", [won_u, _gather_for(em, node, count, idx)])
-            spread = em.op("Mul", [tu, coef])
-            terms.append(_scatter(em, node, _filled(em, shape, dtype, 0.0), idx, spread, "add"))
-        return [em.add_all(terms)]
-    raise UnsupportedOperatorError(
-        f"{op_label(node)} ({node_label(node)}): no derivative rule for reduction={reduction!r}; "
-        "onnax differentiates reduction none, add, mul, max and min. Remedy: use one of those "
-        "reductions, or leave the inputs that feed this node out of `inputs`."
-    )
+            coef_u = em.op("Div", [won_u, _gather_for(em, node, count, idx)])
+    base = None if td is None or coef_d is None else em.op("Mul", [td, coef_d])
+    if tu is None or coef_u is None:
+        return [base]
+    if base is None:
+        base = _filled(em, shape, dtype, 0.0)
+    return [_scatter(em, node, base, idx, em.op("Mul", [tu, coef_u]), "add")]
 
 
 def _scatter_transpose(
@@ -419,7 +436,7 @@ def _scatter_transpose(
     if linear[0]:
         # none: the overwritten positions do not depend on data (assumes unique indices).
         ct_data = (
-            ct if reduction == "add" else _scatter(em, node, ct, idx, em.zeros_like(u), "none")
+            ct if reduction == "add" else _scatter(em, node, ct, idx, _zeros_like(em, u), "none")
         )
     if linear[2]:
         ct_u = _gather_for(em, node, ct, idx)
