@@ -109,6 +109,13 @@ def linearize(model: ir.Model, inputs: list[ir.Value], transform: str) -> Linear
             linear_nodes.extend(n for n in emitted if any(o in linear for o in n.outputs))
         for out, t_out in zip(node.outputs, tangents_out, strict=False):
             if t_out is not None and (is_float(out) or out.type is None):
+                # A tangent has its primal's shape by contract. Saying so now keeps the symbols
+                # that inference would otherwise invent for broadcasts, so transposes can find a
+                # shape witness later.
+                if out.shape is not None and not t_out.is_graph_input():
+                    t_out.shape = out.shape.copy()
+                if t_out.type is None and out.type is not None:
+                    t_out.type = out.type
                 tangent[out] = t_out
                 tangent_of.setdefault(t_out, out)
     return Linearization(tangent_inputs, tangent, tangent_of, linear, linear_nodes, opset)

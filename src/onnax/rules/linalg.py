@@ -44,8 +44,10 @@ Dim = int | ir.SymbolicDim
 def _dims(node: ir.Node, value: ir.Value, what: str) -> list[Dim]:
     """The dimensions of ``value``; reverse mode needs at least its rank."""
     if value.shape is None:
+        origin = _origin(node)
         raise UnsupportedOperatorError(
-            f"{op_label(node)} ({node_label(node)}): the rank of its {what} {value.name!r} is "
+            f"{op_label(origin)} ({node_label(origin)}): the rank of its {what} "
+            f"{value.name or 'a derivative value'!r} is "
             "unknown after shape inference, and the reverse-mode rule needs it to lay out the "
             "cotangent. Remedy: declare the shapes (symbolic dimensions are fine) of the graph "
             "inputs that feed this node."
@@ -54,8 +56,11 @@ def _dims(node: ir.Node, value: ir.Value, what: str) -> list[Dim]:
 
 
 def _shaped(dims: Sequence[Dim]) -> ir.Value:
-    """A detached value carrying only a shape: the 'result' argument of ``unbroadcast``, which
-    reads nothing but its shape (emitted values have none until the next shape inference)."""
+    """A detached value carrying only a shape.
+
+    It serves as the ``result`` argument of ``unbroadcast``, which reads nothing but its shape
+    (emitted values have none until the next shape inference).
+    """
     return ir.Value(name=None, shape=ir.Shape(list(dims)))
 
 
@@ -67,24 +72,67 @@ def _same_dim(a: Dim, b: Dim) -> bool:
 
 
 def _unbroadcast_checked(
-    em: Emitter, node: ir.Node, ct: ir.Value, operand: ir.Value, result_dims: Sequence[Dim]
+    em: Emitter, node: ir.Node, index: int, ct: ir.Value, result_dims: Sequence[Dim]
 ) -> ir.Value:
-    """``unbroadcast`` with a user-facing error for the one case it cannot build before opset 13:
-    a symbolic operand dimension that may or may not broadcast at run time."""
+    """``unbroadcast`` of ``ct`` to input ``index`` of ``node``.
+
+    Raises a user-facing error for the one case ``unbroadcast`` cannot build before opset 13: a
+    symbolic operand dimension that may or may not broadcast at run time.
+    """
+    operand = node.inputs[index]
+    assert operand is not None
     target = _dims(node, operand, "input")
     lead = len(result_dims) - len(target)
     if em.opset < 13:
         for dt, dr in zip(target, result_dims[lead:], strict=True):
             if not isinstance(dt, int) and not _same_dim(dt, dr):
+                origin = _origin(node)
                 raise UnsupportedOperatorError(
-                    f"{op_label(node)} at opset {em.opset} ({node_label(node)}): the "
-                    f"dimension {dt} of input {operand.name!r} may broadcast against {dr} at run "
+                    f"{op_label(origin)} at opset {em.opset} ({node_label(origin)}): the dimension "
+                    f"{dt} of {_input_name(node, index)} may broadcast against {dr} at run "
                     "time, and summing the cotangent over it needs ReduceSum with run-time axes "
                     "(opset 13). Remedy: convert the model to opset 13 or newer "
                     "(onnx.version_converter), or give the dimensions the same symbolic name or a "
                     "static size."
                 )
     return unbroadcast(em, ct, operand, _shaped(result_dims))
+
+
+_PRIMAL = "onnax.linalg.primal_node"
+"""Node metadata key: the user's node a linear node was emitted for (named in error messages)."""
+
+
+def _tangent_sum(em: Emitter, node: ir.Node, terms: Sequence[ir.Value]) -> ir.Value | None:
+    """The sum of the tangent ``terms`` of ``node``'s output, each stamped with its shape.
+
+    Every term has exactly the output's shape, but shape inference may not prove it (broadcasting
+    batch dimensions N and M infers a fresh symbol), and an ``Add`` of terms with unrelated
+    symbolic shapes could not be transposed without run-time shape witnesses. Inference keeps
+    shapes that are already set.
+    """
+    y = node.outputs[0]
+    for t in terms:
+        producer = t.producer()
+        if producer is None or producer not in em.nodes:
+            continue  # not emitted here (a tangent passed through): leave it alone
+        producer.meta[_PRIMAL] = node
+        if y.shape is not None:
+            t.shape = y.shape.copy()
+        if y.type is not None:
+            t.type = y.type
+    return em.add_all(terms)
+
+
+def _origin(node: ir.Node) -> ir.Node:
+    """The user's node behind a linear node (the node itself when it is not linear)."""
+    primal = node.meta.get(_PRIMAL)
+    return primal if isinstance(primal, ir.Node) else node
+
+
+def _input_name(node: ir.Node, index: int) -> str:
+    """``input <index> '<name>'`` of the user's node behind ``node``."""
+    value = _origin(node).inputs[index]
+    return f"input {index} {value.name if value is not None else None!r}"
 
 
 def _swap_last(em: Emitter, x: ir.Value, rank: int) -> ir.Value:
@@ -101,7 +149,7 @@ def _matmul_jvp(em: Emitter, node: ir.Node, tangents: Tangents) -> list[ir.Value
         terms.append(em.op("MatMul", [ta, b]))
     if tb is not None:
         terms.append(em.op("MatMul", [a, tb]))
-    return [em.add_all(terms)]
+    return [_tangent_sum(em, node, terms)]
 
 
 def _matmul_transpose(
@@ -127,7 +175,7 @@ def _matmul_transpose(
             return [em.op("Mul", [em.unsqueeze(ct, [ra - 1]), b]), None]
         r = em.op("MatMul", [ct, _swap_last(em, b, rb)])
         dy = _dims(node, y, "output")
-        return [_unbroadcast_checked(em, node, r, a, [*dy[:-2], *da[-2:]]), None]
+        return [_unbroadcast_checked(em, node, 0, r, [*dy[:-2], *da[-2:]]), None]
     # ct_b = aᵀ @ ct, laid out like b.
     if ra == 1 and rb == 1:
         return [None, em.op("Mul", [a, ct])]
@@ -140,7 +188,7 @@ def _matmul_transpose(
         return [None, em.reduce_sum(r, list(range(ra - 1)), keepdims=False)]
     r = em.op("MatMul", [_swap_last(em, a, ra), ct])
     dy = _dims(node, y, "output")
-    return [None, _unbroadcast_checked(em, node, r, b, [*dy[:-2], *db[-2:]])]
+    return [None, _unbroadcast_checked(em, node, 1, r, [*dy[:-2], *db[-2:]])]
 
 
 for _v in (1, 9, 13):
@@ -161,8 +209,10 @@ def _gemm_attrs(node: ir.Node) -> tuple[float, float, int, int]:
 def _gemm(
     em: Emitter, inputs: Sequence[ir.Value], alpha: float, beta: float, trans_a: int, trans_b: int
 ) -> ir.Value:
-    """A Gemm with only the non-default attributes (C is optional from opset 11 on, the oldest
-    opset served)."""
+    """A Gemm with only the non-default attributes.
+
+    ``C`` may be left out: it is optional from opset 11 on, the oldest opset served.
+    """
     attrs = {
         "alpha": alpha if alpha != 1.0 else None,
         "beta": beta if beta != 1.0 and len(inputs) > 2 else None,
@@ -186,7 +236,7 @@ def _gemm_jvp(em: Emitter, node: ir.Node, tangents: Tangents) -> list[ir.Value |
     ta, tb = tangents[0], tangents[1]
     tc = tangents[2] if len(tangents) > 2 and c is not None else None
     alpha, beta, trans_a, trans_b = _gemm_attrs(node)
-    terms: list[ir.Value | None] = []
+    terms: list[ir.Value] = []
     # The tangent of C rides along in the first Gemm term: Gemm(tA, B, tC) is linear in (tA, tC).
     if ta is not None:
         terms.append(
@@ -201,7 +251,7 @@ def _gemm_jvp(em: Emitter, node: ir.Node, tangents: Tangents) -> list[ir.Value |
     if tc is not None:
         assert c is not None
         terms.append(broadcast_to(em, _scale(em, tc, beta, y), c, y))
-    return [em.add_all(terms)]
+    return [_tangent_sum(em, node, terms)]
 
 
 def _gemm_transpose(
@@ -337,7 +387,16 @@ def _einsum_jvp(em: Emitter, node: ir.Node, tangents: Tangents) -> list[ir.Value
             operands = list(node.inputs)
             operands[k] = t
             terms.append(em.op("Einsum", operands, {"equation": equation}))
-    return [em.add_all(terms)]
+    return [_tangent_sum(em, node, terms)]
+
+
+def _stamp(value: ir.Value, dims: Sequence[Dim], dtype: ir.DataType) -> None:
+    """Sets the shape of a helper computed from a run-time shape.
+
+    Shape inference may not know it, and a later transform (a second derivative) reads its rank.
+    """
+    value.shape = ir.Shape(list(dims))
+    value.dtype = dtype
 
 
 def _eye(em: Emitter, n: ir.Value, dtype: ir.DataType) -> ir.Value:
@@ -345,7 +404,7 @@ def _eye(em: Emitter, n: ir.Value, dtype: ir.DataType) -> ir.Value:
     count = em.squeeze(n, [0])
     r = em.op("Range", [em.const(np.array(0, np.int64)), count, em.const(np.array(1, np.int64))])
     same = em.op("Equal", [em.unsqueeze(r, [1]), r])
-    return em.op("Cast", [same], {"to": dtype})
+    return em.op("Cast", [same], {"to": int(dtype)})
 
 
 def _einsum_transpose(
@@ -370,9 +429,8 @@ def _einsum_transpose(
     seen: dict[Label, list[Dim]] = {}
 
     def note(term: Term, value: ir.Value, what: str) -> None:
-        for label, d in zip(
-            _layout(term, len(_dims(node, value, what))), _dims(node, value, what), strict=True
-        ):
+        dims = _dims(node, value, what)
+        for label, d in zip(_layout(term, len(dims)), dims, strict=True):
             seen.setdefault(label, []).append(d)
 
     note(output, y, "output")
@@ -400,7 +458,9 @@ def _einsum_transpose(
             needs_ones = True
     if needs_ones:
         one = ir.tensor(np.ones((1,), dtype=y.dtype.numpy()))
-        operands.append(em.op("ConstantOfShape", [em.shape(x)], {"value": one}))
+        ones = em.op("ConstantOfShape", [em.shape(x)], {"value": one})
+        _stamp(ones, dims_k, y.dtype)
+        operands.append(ones)
         op_terms.append(term_k)
 
     # A label repeated in operand k: its later occurrences get fresh letters tied to the first
@@ -423,6 +483,7 @@ def _einsum_transpose(
         if s not in eyes:
             axis = axis_of[s]
             eyes[s] = _eye(em, em.slice(em.shape(x), [axis], [axis + 1], [0]), y.dtype)
+            _stamp(eyes[s], [dims_k[axis]] * 2, y.dtype)
         operands.append(eyes[s])
         op_terms.append([s, letter])
         out_term.append(letter)
@@ -445,27 +506,29 @@ def _einsum_transpose(
     equation = ",".join("".join(t) for t in op_terms) + "->" + "".join(out_term)
     r = em.op("Einsum", operands, {"equation": equation})
     out: list[ir.Value | None] = [None] * len(node.inputs)
-    out[k] = _sum_broadcast_axes(em, node, r, x, labels_k, dims_k, seen, start, extra)
+    out[k] = _sum_broadcast_axes(em, node, k, r, labels_k, dims_k, seen, start, extra)
     return out
 
 
 def _sum_broadcast_axes(
     em: Emitter,
     node: ir.Node,
+    k: int,
     r: ir.Value,
-    x: ir.Value,
     labels_k: list[Label],
     dims_k: list[Dim],
     seen: dict[Label, list[Dim]],
     start: int,
     extra: int,
 ) -> ir.Value:
-    """Sums ``r`` back to the shape of operand ``x``.
+    """Sums ``r`` back to the shape of operand ``k``, ``x``.
 
     ``r`` is laid out like ``x`` (labels ``labels_k``, sizes ``dims_k``) except that its sizes are
     the broadcast sizes of the Einsum inputs (``seen``: label -> their sizes) and that it has
     ``extra`` more ellipsis axes, starting at axis ``start``.
     """
+    x = node.inputs[k]
+    assert x is not None
     static_axes: list[int] = []
     dynamic_axes: dict[int, int] = {}  # axis of r -> axis of x
     first_axis: set[Label] = set()
@@ -485,9 +548,10 @@ def _sum_broadcast_axes(
         r = em.reduce_sum(r, static_axes, keepdims=True)
     if dynamic_axes:
         if em.opset < 13:
+            origin = _origin(node)
             raise UnsupportedOperatorError(
-                f"{op_label(node)} at opset {em.opset} ({node_label(node)}): an ellipsis "
-                f"dimension of input {x.name!r} may broadcast at run time, and summing the "
+                f"{op_label(origin)} at opset {em.opset} ({node_label(origin)}): an ellipsis "
+                f"dimension of {_input_name(node, k)} may broadcast at run time, and summing the "
                 "cotangent over it needs ReduceSum with run-time axes (opset 13). Remedy: convert "
                 "the model to opset 13 or newer (onnx.version_converter), or give the ellipsis "
                 "dimensions of all operands the same symbolic names or static sizes."
