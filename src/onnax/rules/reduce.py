@@ -1,12 +1,14 @@
-"""Reductions and softmax: ReduceSum ReduceMean ReduceMax ReduceMin ReduceProd ReduceSumSquare
-ReduceL1 ReduceL2 ReduceLogSum ReduceLogSumExp Softmax LogSoftmax.
+"""Reductions and softmax.
+
+Covered: ReduceSum ReduceMean ReduceMax ReduceMin ReduceProd ReduceSumSquare ReduceL1 ReduceL2
+ReduceLogSum ReduceLogSumExp Softmax LogSoftmax.
 
 Every reduction's tangent is a ``ReduceSum`` (``ReduceMean`` for ReduceMean) of the input tangent
 times an elementwise coefficient ``dy/dx_i`` built from primal values, over the node's own axes
 with its own ``keepdims``. The coefficient broadcasts against ``x`` because it is computed from
 the reduced values *with* kept dimensions (an ``Unsqueeze`` of the output when the axes are
 static, a recomputed reduction with ``keepdims=1`` when they are only known at run time). So the
-linear part uses ``Mul``, ``Div`` and ``ReduceSum``/``ReduceMean`` only, and reverse mode needs
+linear part uses ``Mul``, ``Div``, ``Sub`` and ``ReduceSum``/``ReduceMean`` only; reverse mode needs
 just the two transpose rules of this module (``ReduceSum``, ``ReduceMean``), which unsqueeze the
 cotangent back to the kept-dimensions shape and ``Expand`` it to the input's run-time shape.
 
@@ -27,9 +29,10 @@ Choices and limitations:
   ``dy = ReduceSum(mask * t) / ReduceSum(mask)``), the convention of JAX and PyTorch's ``amax``.
   Any convex combination is a valid subgradient; this one is symmetric and keeps jvp and vjp
   mutual adjoints.
-* **ReduceProd** is exact also where ``x`` has zeros: with ``p`` the product of the non-zero
-  elements and ``z`` the number of zeros in a slice, ``dy/dx_i`` is ``p / x_i`` when ``z == 0``,
-  ``p`` for the one zero element when ``z == 1``, and 0 otherwise.
+* **ReduceProd** is exact also where ``x`` has zeros (no ``y / x``): ``dy/dx_i``, the product of
+  the other elements, is built as (product of the non-zero others) x (product of the zero
+  others), the latter 1, the lone zero's value, or 0; first and second derivatives are exact
+  there (third and higher ones at two or more zeros in a slice are not).
 * **ReduceL2** has derivative ``x / y``; where ``y == 0`` (the whole slice is zero, a kink) the
   tangent is 0.
 * **Softmax/LogSoftmax** before opset 13 normalise over the flattened block ``axis..rank-1``; the
@@ -136,11 +139,29 @@ def _io(node: ir.Node) -> tuple[ir.Value, ir.Value]:
     return x, node.outputs[0]
 
 
+def _annotate(value: ir.Value, like: ir.Value) -> ir.Value:
+    """Gives ``value`` the (known) shape and dtype of ``like``; returns ``value``.
+
+    Shape inference cannot follow reductions over run-time axes, yet the transposes of ``Mul``
+    and ``Div`` need the shapes of their operands and the reverse sweep needs a shape witness for
+    every linear value. The rules know those shapes (a coefficient is shaped like the input, a
+    tangent like its primal), so they write them down.
+    """
+    if value.shape is None and like.shape is not None:
+        value.shape = like.shape.copy()
+    if value.dtype is None and like.dtype is not None:
+        value.dtype = like.dtype
+    return value
+
+
 def _linear_reduce(em: Emitter, node: ir.Node, t: ir.Value, coef: ir.Value | None) -> ir.Value:
-    """``ReduceSum(t * coef)`` over the node's axes, shaped like the node's output."""
-    red = _reduction(node)
-    weighted = t if coef is None else em.op("Mul", [t, coef])
-    return _reduce_like(em, "ReduceSum", weighted, red, keepdims=red.keepdims)
+    """``ReduceSum(t * coef)`` over the node's axes, shaped like the node's output.
+
+    ``coef`` is shaped like the node's input (a product of the input with kept-dims values).
+    """
+    (x, y), red = _io(node), _reduction(node)
+    weighted = t if coef is None else _annotate(em.op("Mul", [t, _annotate(coef, x)]), x)
+    return _annotate(_reduce_like(em, "ReduceSum", weighted, red, keepdims=red.keepdims), y)
 
 
 # ------------------------------------------------------------------------- jvp rules
@@ -154,7 +175,9 @@ def _reduce_mean_jvp(em: Emitter, node: ir.Node, tangents: Tangents) -> list[ir.
     if t is None:
         return [None]
     red = _reduction(node)
-    return [_reduce_like(em, "ReduceMean", t, red, keepdims=red.keepdims)]
+    return [
+        _annotate(_reduce_like(em, "ReduceMean", t, red, keepdims=red.keepdims), node.outputs[0])
+    ]
 
 
 def _reduce_extreme_jvp(em: Emitter, node: ir.Node, tangents: Tangents) -> list[ir.Value | None]:
@@ -170,7 +193,14 @@ def _reduce_extreme_jvp(em: Emitter, node: ir.Node, tangents: Tangents) -> list[
 
 
 def _reduce_prod_jvp(em: Emitter, node: ir.Node, tangents: Tangents) -> list[ir.Value | None]:
-    """ReduceProd, exact at zeros: dy/dx_i is the product of the other elements."""
+    """ReduceProd, exact at zeros: dy/dx_i is the product of the other elements.
+
+    The product of the others is split into ``p / x_i`` (``p``: the product of the slice's
+    non-zero elements, with ``x_i`` read as 1 where it is zero) times ``q``, the product of the
+    *other zero* elements: 1 when there is none, their value (0, but carrying its derivative)
+    when there is one, and 0 when there are more. Written so, the coefficient is exact and so is
+    its own derivative (second order, e.g. Hessians through ReduceProd at zeros).
+    """
     t = tangents[0]
     if t is None:
         return [None]
@@ -179,16 +209,17 @@ def _reduce_prod_jvp(em: Emitter, node: ir.Node, tangents: Tangents) -> list[ir.
     is_zero = em.op("Equal", [x, zero])
     x_safe = em.op("Where", [is_zero, one, x])
     nonzero_prod = _reduce_like(em, "ReduceProd", x_safe, red, keepdims=True)
-    zeros = _reduce_like(
-        em, "ReduceSum", em.op("Cast", [is_zero], {"to": int(_dtype(x))}), red, keepdims=True
+    zero_count = em.op("Cast", [is_zero], {"to": int(_dtype(x))})
+    other_zeros = em.op(
+        "Sub", [_reduce_like(em, "ReduceSum", zero_count, red, keepdims=True), zero_count]
     )
-    # A non-zero element's partner product is p / x_i if the slice has no zero, else 0; a zero
-    # element's is p if it is the slice's only zero, else 0.
-    at_nonzero = em.op(
-        "Where", [em.op("Equal", [zeros, zero]), em.op("Div", [nonzero_prod, x_safe]), zero]
+    zero_part = em.op("Where", [is_zero, x, zero])
+    other_zero_sum = em.op(
+        "Sub", [_reduce_like(em, "ReduceSum", zero_part, red, keepdims=True), zero_part]
     )
-    at_zero = em.op("Where", [em.op("Equal", [zeros, one]), nonzero_prod, zero])
-    coef = em.op("Where", [is_zero, at_zero, at_nonzero])
+    lone_zero = em.op("Where", [em.op("Equal", [other_zeros, one]), other_zero_sum, zero])
+    q = em.op("Where", [em.op("Equal", [other_zeros, zero]), one, lone_zero])
+    coef = em.op("Mul", [em.op("Div", [nonzero_prod, x_safe]), q])
     return [_linear_reduce(em, node, t, coef)]
 
 
@@ -215,18 +246,18 @@ def _reduce_l2_jvp(em: Emitter, node: ir.Node, tangents: Tangents) -> list[ir.Va
         return [None]
     x, y = _io(node)
     one = em.scalar(1.0, y)
-    safe_norm = em.op("Where", [em.op("Equal", [y, em.scalar(0.0, y)]), one, y])
-    return [em.op("Div", [_linear_reduce(em, node, t, x), safe_norm])]
+    safe_norm = _annotate(em.op("Where", [em.op("Equal", [y, em.scalar(0.0, y)]), one, y]), y)
+    return [_annotate(em.op("Div", [_linear_reduce(em, node, t, x), safe_norm]), y)]
 
 
 def _reduce_log_sum_jvp(em: Emitter, node: ir.Node, tangents: Tangents) -> list[ir.Value | None]:
-    """d log(sum x) = sum(t) / sum(x); the sum is recomputed rather than read back as exp(y)."""
+    """The tangent of log(sum x) is sum(t) / sum(x); the sum is recomputed, not read as exp(y)."""
     t = tangents[0]
     if t is None:
         return [None]
-    (x, _), red = _io(node), _reduction(node)
-    total = _reduce_like(em, "ReduceSum", x, red, keepdims=red.keepdims)
-    return [em.op("Div", [_linear_reduce(em, node, t, None), total])]
+    (x, y), red = _io(node), _reduction(node)
+    total = _annotate(_reduce_like(em, "ReduceSum", x, red, keepdims=red.keepdims), y)
+    return [_annotate(em.op("Div", [_linear_reduce(em, node, t, None), total]), y)]
 
 
 def _reduce_log_sum_exp_jvp(
@@ -296,8 +327,9 @@ def _reduced_count(em: Emitter, x: ir.Value, red: _Reduction, dtype: ir.DataType
     dims = x.shape.dims if x.shape is not None else None
     if not isinstance(red.axes, ir.Value) and dims is not None:
         picked = list(dims) if red.axes is None else [dims[a] for a in red.axes]
-        if all(isinstance(d, int) for d in picked):
-            return em.scalar(float(math.prod(int(d) for d in picked)), dtype)
+        sizes = [d for d in picked if isinstance(d, int)]
+        if len(sizes) == len(picked):
+            return em.scalar(float(math.prod(sizes)), dtype)
     shape = em.shape(x)
     to = {"to": int(dtype)}
     if isinstance(red.axes, ir.Value):
@@ -327,7 +359,7 @@ def _reduce_sum_transpose(
     return [_spread(em, ct, x, _reduction(node)), *rest]
 
 
-def _reduce_mean_transpose(
+def _reduce_expected_transpose(
     em: Emitter, node: ir.Node, cts: Tangents, linear: Sequence[bool]
 ) -> list[ir.Value | None]:
     ct, (x, y) = cts[0], _io(node)
@@ -345,11 +377,11 @@ def _reduce_mean_transpose(
 for _v in _VERSIONS["ReduceSum"]:
     transpose_rules.add("ReduceSum", _reduce_sum_transpose, since_version=_v)
 for _v in _VERSIONS["ReduceMean"]:
-    transpose_rules.add("ReduceMean", _reduce_mean_transpose, since_version=_v)
+    transpose_rules.add("ReduceMean", _reduce_expected_transpose, since_version=_v)
 
 
 # ------------------------------------------------------------------------- Softmax, LogSoftmax
-def _softmax_axes(node: ir.Node, *, flatten: bool) -> list[int]:
+def _softmax_axes(node: ir.Node, opset: int, *, flatten: bool) -> list[int]:
     """The axes a (Log)Softmax normalises over: ``axis..rank-1`` before opset 13, else ``[axis]``."""
     x, _ = _io(node)
     axis = int_attr(node, "axis", 1 if flatten else -1)
@@ -357,10 +389,11 @@ def _softmax_axes(node: ir.Node, *, flatten: bool) -> list[int]:
         return [axis]
     if x.shape is None:
         raise UnsupportedOperatorError(
-            f"{op_label(node)} ({node_label(node)}): before opset 13 it normalises over the "
+            f"{op_label(node)} at opset {opset} ({node_label(node)}): before opset 13 it normalises over the "
             f"flattened axes {axis}..rank-1 of its input, but the rank of input {x.name!r} is "
-            "unknown. Remedy: give the input a shape (at least its rank) in the model, or "
-            "convert the model to opset 13 or newer."
+            "unknown. Remedy: declare the shape (at least the rank) of that value in the model's "
+            "value_info, or convert the model with onnx.version_converter.convert_version(model, 13), "
+            "which rewrites the flattening softmax exactly (Flatten, Softmax, Reshape)."
         )
     rank = x.shape.rank()
     start = axis + rank if axis < 0 else axis
@@ -369,29 +402,29 @@ def _softmax_axes(node: ir.Node, *, flatten: bool) -> list[int]:
 
 def _softmax_jvp(flatten: bool) -> JvpRule:
     def rule(em: Emitter, node: ir.Node, tangents: Tangents) -> list[ir.Value | None]:
-        """dy = y * (t - sum(y * t)) over the normalised axes."""
+        """The tangent is y * (t - sum(y * t)) over the normalised axes."""
         t = tangents[0]
         if t is None:
             return [None]
         _, y = _io(node)
-        axes = _softmax_axes(node, flatten=flatten)
-        mean_t = em.reduce_sum(em.op("Mul", [t, y]), axes, keepdims=True)
-        return [em.op("Mul", [em.op("Sub", [t, mean_t]), y])]
+        axes = _softmax_axes(node, em.opset, flatten=flatten)
+        expected_t = em.reduce_sum(em.op("Mul", [t, y]), axes, keepdims=True)
+        return [em.op("Mul", [em.op("Sub", [t, expected_t]), y])]
 
     return rule
 
 
 def _log_softmax_jvp(flatten: bool) -> JvpRule:
     def rule(em: Emitter, node: ir.Node, tangents: Tangents) -> list[ir.Value | None]:
-        """dy = t - sum(softmax * t) over the normalised axes, softmax = exp(y)."""
+        """The tangent is t - sum(softmax * t) over the normalised axes, softmax = exp(y)."""
         t = tangents[0]
         if t is None:
             return [None]
         _, y = _io(node)
-        axes = _softmax_axes(node, flatten=flatten)
+        axes = _softmax_axes(node, em.opset, flatten=flatten)
         softmax = em.op("Exp", [y])
-        mean_t = em.reduce_sum(em.op("Mul", [t, softmax]), axes, keepdims=True)
-        return [em.op("Sub", [t, mean_t])]
+        expected_t = em.reduce_sum(em.op("Mul", [t, softmax]), axes, keepdims=True)
+        return [em.op("Sub", [t, expected_t])]
 
     return rule
 
