@@ -337,9 +337,9 @@ for _v in (9, 16):
 def _cast_target(node: ir.Node) -> ir.DataType:
     if node.op_type == "Cast":
         return ir.DataType(node.attributes.get_int("to", 0))
-    out = node.outputs[0].dtype
-    target = node.inputs[1]
-    return out if out is not None else _dtype_of(target)  # type: ignore[arg-type]
+    out, target = node.outputs[0].dtype, node.inputs[1]
+    assert target is not None
+    return out if out is not None else _dtype_of(target)
 
 
 def _cast_jvp(em: Emitter, node: ir.Node, tangents: Tangents) -> list[ir.Value | None]:
@@ -350,13 +350,13 @@ def _cast_jvp(em: Emitter, node: ir.Node, tangents: Tangents) -> list[ir.Value |
     if target in FLOAT_TYPES:
         return [_cast(em, t, target)]
     if target.is_floating_point() or target in (ir.DataType.COMPLEX64, ir.DataType.COMPLEX128):
-        attr = "to" if node.op_type == "Cast" else "the element type of input 1 'target_type'"
+        attr = "attribute to" if node.op_type == "Cast" else "the type of input 1 'target_type'"
         raise UnsupportedOperatorError(
-            f"no derivative rule for {op_label(node)} ({node_label(node)}) casting a value that "
-            f"carries a derivative to {target.name} ({attr} = {target.name}): onnax "
-            "differentiates FLOAT and DOUBLE values only, and dropping the derivative here would "
-            "silently give zeros. Remedy: compute in FLOAT or DOUBLE (cast to FLOAT instead), or "
-            "leave the inputs that reach this node out of `inputs`."
+            f"cannot differentiate {op_label(node)} at opset {em.opset} ({node_label(node)}): it "
+            f"casts a value that carries a derivative to {target.name} ({attr} = {target.name}), "
+            "but onnax differentiates FLOAT and DOUBLE values only, and dropping the derivative "
+            "would silently give zeros. Remedy: compute this part of the model in FLOAT or DOUBLE "
+            "(cast to FLOAT instead), or leave the inputs that reach this node out of `inputs`."
         )
     # Integer, boolean and string results are piecewise constant: zero derivative.
     return [None]

@@ -78,6 +78,9 @@ def _onehot_jvp(em: Emitter, node: ir.Node, tangents: Tangents) -> list[ir.Value
     unit = em.const(np.array([0, 1], dtype=values.dtype.numpy()))
     axis = node.attributes.get_int("axis", -1)
     mask = em.op("OneHot", [indices, depth, unit], {"axis": axis})
+    # The mask has exactly the output's shape; say so, since inference cannot see a run-time depth
+    # and a symbolic one-hot axis would otherwise make the transposes fall back to run-time axes.
+    mask.shape = node.outputs[0].shape.copy() if node.outputs[0].shape is not None else None
     off = em.op("Gather", [tv, em.const(np.array(0, dtype=np.int64))], {"axis": 0})
     on = em.op("Gather", [tv, em.const(np.array(1, dtype=np.int64))], {"axis": 0})
     return [em.op("Add", [em.op("Mul", [mask, em.op("Sub", [on, off])]), off])]
