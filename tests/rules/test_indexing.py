@@ -5,9 +5,9 @@ import onnx_ir as ir
 import pytest
 
 import onnax
-from cases import Case, case_id, parametrize, run_case
+from cases import Case, case_id, parametrize, run_case, run_vmap_case
 from onnax.errors import UnsupportedOperatorError
-from oracles import check_jvp, run
+from oracles import check_adjoint, check_jvp, check_model_valid, check_vjp, check_vmap, run
 
 # Opsets around the schema changes: 11 (negative indices), 12 (GatherND batch_dims), 13, 15 (last
 # opset without scatter reduction: the one-hot fallback of the gather transposes), 16 (reduction
@@ -394,3 +394,348 @@ def test_unknown_scatter_reduction_is_refused() -> None:
     assert "ai.onnx::ScatterND" in msg
     assert "reduction='xor'" in msg
     assert "Remedy" in msg
+
+
+# ------------------------------------------------------------------------------------ vmap
+# Batch rules of these families: a missing rule for any other operator (met in the derivative
+# models below) skips, one for these fails.
+OWN_OPS = {"Gather", "GatherElements", "GatherND", "ScatterElements", "ScatterND"}
+
+
+def vmap_params(cases: list[Case]) -> list[tuple[Case, str, int]]:
+    """Every case at every opset, alternating float and double between opsets (both dtypes
+    when a case has a single opset): the batch rules do not depend on the element type, and
+    running every (dtype, opset) pair would double the time for nothing."""
+    params = []
+    for c in cases:
+        if len(c.opsets) == 1:
+            params += [(c, d, c.opsets[0]) for d in c.dtypes]
+        else:
+            params += [(c, c.dtypes[i % len(c.dtypes)], o) for i, o in enumerate(c.opsets)]
+    return params
+
+
+def check_vmap_examples(
+    model: ir.Model,
+    examples: list[dict[str, np.ndarray]],
+    in_axes: dict[str, int | None],
+    out_axes: int = 0,
+) -> None:
+    """vmap(model) on explicit per-example feeds against a loop of single runs, stacked.
+
+    Unlike ``oracles.check_vmap`` (which batches integer inputs as identical copies), each
+    example brings its own values of every batched input; shared inputs (in_axes None or
+    absent) are taken from the first example for all.
+    """
+    vm = onnax.vmap(model, in_axes=in_axes, out_axes=out_axes)
+    check_model_valid(vm)
+    feeds: dict[str, np.ndarray] = {}
+    for v in model.graph.inputs:
+        axis = in_axes.get(v.name)
+        if axis is None:
+            feeds[v.name] = np.asarray(examples[0][v.name])
+            for ex in examples:
+                ex[v.name] = feeds[v.name]
+        else:
+            feeds[v.name] = np.stack([np.asarray(ex[v.name]) for ex in examples], axis=axis)
+    singles = [run(model, ex) for ex in examples]
+    got = run(vm, feeds)
+    for y in model.graph.outputs:
+        want = np.stack([s[y.name] for s in singles], axis=out_axes)
+        assert got[y.name].shape == want.shape, (y.name, got[y.name].shape, want.shape)
+        tol = 1e-10 if want.dtype == np.float64 else 1e-5
+        np.testing.assert_allclose(got[y.name], want, rtol=tol, atol=tol, err_msg=y.name)
+
+
+def vmap_or_skip(
+    model: ir.Model,
+    feeds: dict[str, np.ndarray],
+    *variants: object,
+    own: frozenset[str] | set[str] = OWN_OPS,
+) -> None:
+    """``check_vmap`` for each in_axes variant; skipped at the end while another family's
+    operator still lacks its batch rule (a missing rule for one of ``own`` fails)."""
+    missing = []
+    for in_axes in variants:
+        try:
+            check_vmap(model, feeds, in_axes=in_axes)
+        except UnsupportedOperatorError as err:
+            found = re.search(r"no batch rule for ai\.onnx::(\w+)", str(err))
+            if not found or found.group(1) in own:
+                raise
+            missing.append(found.group(1))
+    if missing:
+        pytest.skip(f"no batch rule yet for {sorted(set(missing))} (other families)")
+
+
+# Its model multiplies the gathered scalar by a vector, which needs Mul's batch rule.
+VMAP_NEEDS_OTHERS = {"gather_rank1_scalar_index"}
+
+
+@pytest.mark.parametrize(("case", "dtype", "opset"), vmap_params(CASES), ids=case_id)
+def test_vmap(case: Case, dtype: str, opset: int) -> None:
+    if case.name in VMAP_NEEDS_OTHERS:
+        model = case.model(dtype, opset)
+        vmap_or_skip(model, case.feeds(model), 0)
+    run_vmap_case(case, dtype, opset)
+
+
+def _examples(
+    case: Case, opset: int, dtype: str, indices: dict[str, list[np.ndarray]]
+) -> tuple[ir.Model, list[dict[str, np.ndarray]]]:
+    """The case's model and one feed per entry of ``indices`` (which replaces fixed inputs)."""
+    model = case.model(dtype, opset)
+    n = len(next(iter(indices.values())))
+    examples = [case.feeds(model, seed=s) for s in range(n)]
+    for name, values in indices.items():
+        for ex, value in zip(examples, values, strict=True):
+            ex[name] = np.asarray(value, dtype=ex[name].dtype)
+    return model, examples
+
+
+def _by_name(name: str) -> Case:
+    return next(c for c in CASES if c.name == name)
+
+
+# Per-example index sets (three examples each) for the cases below; the scatters with
+# reduction none get unique targets per example.
+PER_EXAMPLE_INDICES: list[tuple[str, tuple[int, ...], dict[str, list[np.ndarray]]]] = [
+    (
+        "gather_axis0_repeats_negative",
+        (11, 13),
+        {
+            "I": [
+                np.array([[0, 2, -1], [1, 1, 0]]),
+                np.array([[2, 2, 2], [-3, 0, 1]]),
+                np.array([[1, 0, 2], [0, -2, 1]]),
+            ]
+        },
+    ),
+    (
+        "gather_axis_neg1_2d_indices",
+        (11, 13),
+        {
+            "I": [
+                np.array([[3, -1], [0, 0]]),
+                np.array([[1, 2], [-4, 3]]),
+                np.array([[0, 0], [2, 2]]),
+            ]
+        },
+    ),
+    (
+        "gather_scalar_index_axis1",
+        (11, 13),
+        {"I": [np.array(-2), np.array(0), np.array(3)]},
+    ),
+    (
+        "gather_rank1_int32",
+        (11, 16),
+        {"I": [np.array([0, 2, 2, -3, 1]), np.array([1, 1, 0, 2, -1]), np.array([2, 0, 1, 0, 2])]},
+    ),
+    (
+        "gather_elements_axis_neg1",
+        (11, 13),
+        {"I": [np.random.default_rng(s).integers(-4, 4, (3, 6)) for s in range(3)]},
+    ),
+    (
+        "gather_elements_smaller_indices",
+        (13,),
+        {"I": [np.random.default_rng(s).integers(-5, 5, (2, 3)) for s in range(3)]},
+    ),
+    (
+        "gather_nd_depth2",
+        (11, 12, 13),
+        {
+            "I": [
+                np.array([[0, 1], [0, 1], [2, -1]]),
+                np.array([[1, 3], [-1, 0], [0, 0]]),
+                np.array([[2, 2], [1, 1], [0, -4]]),
+            ]
+        },
+    ),
+    (
+        "gather_nd_batch1_depth2",
+        (12, 13),
+        {"I": [np.random.default_rng(s).integers(-3, 3, (3, 5, 2)) for s in range(3)]},
+    ),
+    (
+        "gather_nd_batch2",
+        (12, 16),
+        {"I": [np.random.default_rng(s).integers(-4, 4, (2, 3, 1)) for s in range(3)]},
+    ),
+    (
+        "scatter_elements_none",
+        (11, 16),
+        {
+            "I": [
+                _UNIQUE_ROWS,
+                np.array([[1, 0, 2, 0], [2, 1, 0, 1]]),
+                np.array([[-1, 1, 0, 2], [0, 2, 1, 1]]),
+            ]
+        },
+    ),
+    (
+        "scatter_elements_add_repeated",
+        (16,),
+        {
+            "I": [
+                _REPEATED_ROWS,
+                np.array([[2, 2, 2, 0], [1, 1, 0, 0], [0, 2, -1, 1]]),
+                np.zeros((3, 4), np.int64),
+            ]
+        },
+    ),
+    (
+        "scatter_nd_none_depth2",
+        (11, 16),
+        {
+            "I": [
+                np.array([[0, 3], [2, 0], [0, 1]]),
+                np.array([[1, 1], [-1, 3], [0, 0]]),
+                np.array([[2, 2], [1, 2], [0, 2]]),
+            ]
+        },
+    ),
+    (
+        "scatter_nd_add_repeated",
+        (16, 18),
+        {"I": [np.array([[2], [0], [-1]]), np.array([[1], [1], [1]]), np.array([[0], [2], [0]])]},
+    ),
+    (
+        "scatter_nd_max",
+        (18,),
+        {"I": [np.array([[2], [0], [2]]), np.array([[1], [1], [0]]), np.array([[0], [2], [1]])]},
+    ),
+]
+
+
+def _axes_variants(model: ir.Model, indices: str) -> list[dict[str, int | None]]:
+    """in_axes with the indices batched, every other input batched or shared in turn."""
+    others = [v.name for v in model.graph.inputs if v.name != indices]
+    variants: list[dict[str, int | None]] = [{indices: 0}]  # indices only
+    variants.append({indices: -1, **{n: 0 for n in others}})  # everything batched
+    for n in others:  # one other input batched along its last axis
+        variants.append({indices: 0, n: -1})
+    return variants
+
+
+@pytest.mark.parametrize(
+    ("name", "opset"),
+    [(n, o) for n, opsets, _ in PER_EXAMPLE_INDICES for o in opsets],
+    ids=[f"{n}-{o}" for n, opsets, _ in PER_EXAMPLE_INDICES for o in opsets],
+)
+def test_vmap_per_example_indices(name: str, opset: int) -> None:
+    """Batched indices that differ between examples (each example must read and write its own
+    slice), with the data and updates batched or shared."""
+    indices = next(i for n, _, i in PER_EXAMPLE_INDICES if n == name)
+    case = _by_name(name)
+    dtype = "double" if opset % 2 else "float"
+    model, examples = _examples(case, opset, dtype, indices)
+    for in_axes in _axes_variants(model, "I"):
+        check_vmap_examples(model, [dict(ex) for ex in examples], in_axes)
+
+
+@pytest.mark.parametrize(
+    ("case", "opset"),
+    [(c, o) for c in SCATTER_ELEMENTS + SCATTER_ND for o in sorted({c.opsets[0], c.opsets[-1]})],
+    ids=case_id,
+)
+def test_vmap_shared_indices(case: Case, opset: int) -> None:
+    """Scatters with shared indices and batched updates (the data batched or shared), as in the
+    transposes of the gathers under jacrev."""
+    model = case.model("double", opset)
+    feeds = case.feeds(model)
+    check_vmap(model, feeds, in_axes={"U": 0})
+    check_vmap(model, feeds, in_axes={"D": 1, "U": -1})
+
+
+def test_vmap_gather_nd_batch_dims_symbolic_depth_is_refused() -> None:
+    """Shared data with batched indices and batch_dims > 0 needs the output rank."""
+    model = ir.from_onnx_text(
+        '<ir_version: 10, opset_import: ["" : 13]>\n'
+        "g (float[3, 4, 5] D, int64[3, 2, K] I) => (float[3, 2, 5] Y) {\n"
+        " S = GatherND<batch_dims=1>(D, I)\n Y = Identity(S) }"
+    )
+    with pytest.raises(UnsupportedOperatorError) as err:
+        onnax.vmap(model, in_axes={"I": 0})
+    msg = str(err.value)
+    for fact in ("vmap", "ai.onnx::GatherND", "'S'", "rank", "Remedy"):
+        assert fact in msg, (fact, msg)
+
+
+# The derivative models of a few cases under vmap: all inputs batched, and only the tangents
+# (jvp) or output seeds (vjp) batched with the primal shared, which is how jacfwd/jacrev batch
+# them. Their transposes emit ScatterND/ScatterElements with reduction="add", the one-hot
+# fallback (Equal/Range/Cast/MatMul) and layout operators.
+DERIVED = [
+    ("gather_axis1_repeats", 13),
+    ("gather_axis1_repeats", 16),
+    ("gather_scalar_index_axis1", 16),
+    ("gather_elements_axis0", 11),
+    ("gather_elements_axis0", 16),
+    ("gather_nd_batch1", 13),
+    ("gather_nd_batch1", 16),
+    ("scatter_elements_none", 16),
+    ("scatter_nd_add_repeated", 16),
+    ("scatter_nd_none_depth2", 13),
+]
+
+
+@pytest.mark.parametrize("mode", ["jvp", "vjp"])
+@pytest.mark.parametrize(("name", "opset"), DERIVED, ids=[f"{n}-{o}" for n, o in DERIVED])
+def test_vmap_of_derivatives(name: str, opset: int, mode: str) -> None:
+    case = _by_name(name)
+    model = case.model("double", opset)
+    derived = onnax.jvp(model, case.inputs) if mode == "jvp" else onnax.vjp(model, case.inputs)
+    feeds = case.feeds(derived)
+    n_primal = len(model.graph.inputs)
+    n_inputs = len(derived.graph.inputs)
+    vmap_or_skip(derived, feeds, 0, [None] * n_primal + [0] * (n_inputs - n_primal))
+
+
+def vmapped_feeds(
+    case: Case, vm: ir.Model, in_axes: dict[str, int | None]
+) -> dict[str, np.ndarray]:
+    """Feeds for ``vm = vmap(case.model(...), in_axes)``: the case's fixed inputs stacked three
+    times at their axis, the others filled as the case says (symbolic sizes, the batch
+    included, are 3)."""
+    batched = Case(
+        case.name,
+        case.text,
+        fill=case.fill,
+        fixed={
+            n: v if in_axes.get(n) is None else np.stack([np.asarray(v)] * 3, axis=in_axes[n])
+            for n, v in case.fixed.items()
+        },
+        dims=case.dims,
+    )
+    return batched.feeds(vm)
+
+
+# Derivatives of vmapped models: the operators the batch rules emit (GatherND with batch_dims,
+# ScatterND over index tuples led by the batch coordinate, Range/Expand/Concat...) must have
+# jvp and transpose rules (closure), so that grad(vmap(f)) works.
+OF_VMAP = [
+    ("gather_axis1_repeats", 13, {"D": 0, "I": 0}),
+    ("gather_axis1_repeats", 16, {"D": 2, "I": 1}),
+    ("gather_scalar_index_axis1", 11, {"D": 0, "I": 0}),
+    ("gather_elements_axis0", 13, {"D": 0}),
+    ("gather_nd_depth2", 11, {"D": 1, "I": 0}),
+    ("gather_nd_batch1", 16, {"D": 0, "I": 0}),
+    ("gather_nd_batch1", 13, {"I": 0}),
+    ("scatter_elements_none", 13, {"D": 0, "U": 1}),
+    ("scatter_nd_add_repeated", 16, {"D": 0, "I": 0, "U": 0}),
+    ("scatter_nd_none_depth2", 11, {"U": 0}),
+]
+
+
+@pytest.mark.parametrize(
+    ("name", "opset", "in_axes"), OF_VMAP, ids=[f"{n}-{o}" for n, o, _ in OF_VMAP]
+)
+def test_derivatives_of_vmap(name: str, opset: int, in_axes: dict[str, int | None]) -> None:
+    case = _by_name(name)
+    vm = onnax.vmap(case.model("double", opset), in_axes=in_axes)
+    feeds = vmapped_feeds(case, vm, in_axes)
+    check_jvp(vm, feeds)
+    check_vjp(vm, feeds)
+    check_adjoint(vm, feeds)

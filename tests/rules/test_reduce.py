@@ -17,9 +17,19 @@ import onnx_ir as ir
 import pytest
 
 import onnax
-from cases import Case, away_from_zero, case_id, distinct, normal, parametrize, positive, run_case
+from cases import (
+    Case,
+    away_from_zero,
+    case_id,
+    distinct,
+    normal,
+    parametrize,
+    positive,
+    run_case,
+    run_vmap_case,
+)
 from onnax.errors import UnsupportedOperatorError
-from oracles import check_adjoint, check_jvp, run
+from oracles import check_adjoint, check_jvp, check_vmap, run
 
 Fill = Callable[[np.random.Generator, tuple[int, ...], np.dtype], np.ndarray]
 
@@ -69,12 +79,14 @@ def reduction(
     keepdims: int,
     opsets: Sequence[int],
     noop: int = 0,
+    lift: bool = True,
 ) -> Case:
     """A one-node reduction case.
 
     Args:
         form: "attr" (axes attribute), "const" (Constant node), "init" (initializer) or "input"
             (a run-time graph input, fixed to ``axes``).
+        lift: Lift a rank-0 result to [1] (for vjp, see below); vmap needs no lifting.
     """
     attrs = [f"keepdims={keepdims}"]
     if noop:
@@ -97,7 +109,7 @@ def reduction(
             fixed = {"A": np.array(list(axes), np.int64)}
     out_dims = _out_dims(axes, keepdims, noop)
     node = f"Y = {op}<{', '.join(attrs)}>({args})"
-    if not out_dims:
+    if not out_dims and lift:
         # VjpPass drops the shape of a rank-0 seed (`if y.shape` is False for Shape([])), which
         # onnx.checker rejects; until that is fixed in core, lift rank-0 results to [1].
         ins += ", {T}[1] Z"
@@ -110,27 +122,31 @@ def reduction(
     return Case(name, text, opsets=opsets, fill={"X": FILLS[op]}, fixed=fixed, inputs=["X"])
 
 
-def reduction_cases(op: str) -> list[Case]:
+def reduction_cases(op: str, lift: bool = True) -> list[Case]:
     moved = 13 if op == "ReduceSum" else 18
     attr_opsets = (11, 12) if op == "ReduceSum" else (11, 13, 17)
     late = (13, 18, 21) if op == "ReduceSum" else (18, 21)
     a, b = late[0], late[-1]
     return [
         # the attribute form
-        reduction(op, "attr", [1], 0, attr_opsets),
-        reduction(op, "attr", [-1, 0], 1, attr_opsets[:1] + attr_opsets[-1:]),
-        reduction(op, "attr", None, 0, attr_opsets[-1:]),
-        reduction(op, "attr", [0, 2], 0, attr_opsets[:1]),
+        reduction(op, "attr", [1], 0, attr_opsets, lift=lift),
+        reduction(op, "attr", [-1, 0], 1, attr_opsets[:1] + attr_opsets[-1:], lift=lift),
+        reduction(op, "attr", None, 0, attr_opsets[-1:], lift=lift),
+        reduction(op, "attr", [0, 2], 0, attr_opsets[:1], lift=lift),
         # the input forms
-        reduction(op, "const", [-1, 0], 0, late),
-        reduction(op, "init", [1], 1, (a,)),
-        reduction(op, "attr", None, 1, (b,), noop=1),  # absent axes with noop: the identity
-        reduction(op, "attr", None, 1, (a,)),  # absent axes: everything
-        reduction(op, "const", [], 0, (b,)),  # empty axes, no noop: everything
-        reduction(op, "input", [-1], 0, (moved,)),
-        reduction(op, "input", [0, 2], 1, (b,)),
-        reduction(op, "input", [], 0, (b,), noop=1),  # empty run-time axes with noop: identity
-        reduction(op, "input", [], 1, (a,)),  # empty run-time axes: everything
+        reduction(op, "const", [-1, 0], 0, late, lift=lift),
+        reduction(op, "init", [1], 1, (a,), lift=lift),
+        reduction(
+            op, "attr", None, 1, (b,), noop=1, lift=lift
+        ),  # absent axes with noop: the identity
+        reduction(op, "attr", None, 1, (a,), lift=lift),  # absent axes: everything
+        reduction(op, "const", [], 0, (b,), lift=lift),  # empty axes, no noop: everything
+        reduction(op, "input", [-1], 0, (moved,), lift=lift),
+        reduction(op, "input", [0, 2], 1, (b,), lift=lift),
+        reduction(
+            op, "input", [], 0, (b,), noop=1, lift=lift
+        ),  # empty run-time axes with noop: identity
+        reduction(op, "input", [], 1, (a,), lift=lift),  # empty run-time axes: everything
     ]
 
 
@@ -327,3 +343,159 @@ def test_flattening_softmax_needs_a_rank(op: str) -> None:
     assert "'Y'" in message
     assert "at opset 12" in message and "rank" in message
     assert "value_info" in message and "convert_version(model, 13)" in message
+
+
+# ------------------------------------------------------------------------------- vmap
+# vmap needs no lifting of rank-0 results: the reduction cases as they are, then the others.
+_REDUCTION_NAMES = {c.name for op in REDUCTIONS for c in reduction_cases(op)}
+VMAP_CASES = [c for op in REDUCTIONS for c in reduction_cases(op, lift=False)]
+VMAP_CASES += [c for c in CASES if c.name not in _REDUCTION_NAMES]
+VMAP_CASES += [
+    # One element per example: reduced along an inserted size-1 axis.
+    Case("rank0-attr", "g ({T} X) => ({T} Y) { Y = ReduceLogSumExp<keepdims=1>(X) }", opsets=(11,)),
+    Case("rank0-none", "g ({T} X) => ({T} Y) { Y = ReduceSumSquare<keepdims=0>(X) }", opsets=(18,)),
+    Case(
+        "rank0-input",
+        "g ({T} X, int64[0] A) => ({T} Y) { Y = ReduceL1<keepdims=0>(X, A) }",
+        opsets=(18,),
+        fixed={"A": np.zeros(0, np.int64)},
+    ),
+    # Flattening softmax over the whole example (the batch becomes the rows) and the last axis.
+    softmax("Softmax", 0, (11,)),
+    softmax("LogSoftmax", -1, (12,), dims="N, 2, 3, 2"),
+    # Reductions of a value of unknown rank (the output of run-time axes without keepdims): static
+    # negative axes, everything (static and empty run-time axes), softmax along a negative axis.
+    Case(
+        "unknown-rank",
+        "g ({T}[N, 2, 3] X, int64[1] A, int64[0] E) => ({T}[N] Y, {T} S, {T} T, {T}[N, 2] P) {"
+        " M = ReduceSum<keepdims=0>(X, A)\n L = Constant<value = int64[1] {-1}>()\n"
+        " Y = ReduceMax<keepdims=0>(M, L)\n"
+        " S = ReduceProd<keepdims=0>(M)\n T = ReduceL2<keepdims=0>(M, E)\n"
+        " P = LogSoftmax<axis=-1>(M) }",
+        opsets=(18,),
+        fixed={"A": np.array([1], np.int64), "E": np.zeros(0, np.int64)},
+    ),
+]
+
+
+def _runtime_int_inputs(model: ir.Model) -> list[str]:
+    """Graph inputs holding run-time axes (ints that are neither initializers nor constants)."""
+    g = model.graph
+    return [
+        v.name
+        for v in g.inputs
+        if v.name not in g.initializers and v.dtype == ir.DataType.INT64 and v.name is not None
+    ]
+
+
+def _vmap_params() -> list[tuple[Case, str, int]]:
+    """Each case at each of its opsets, in float and double alternately (both over the family)."""
+    params, k = [], 0
+    for c in VMAP_CASES:
+        for o in c.opsets:
+            params.append((c, c.dtypes[k % len(c.dtypes)], o))
+            k += 1
+    return params
+
+
+def _check_vmap_rank0(model: ir.Model, feeds: dict[str, np.ndarray]) -> None:
+    """check_vmap for a rank-0 X (check_vmap's perturbed examples are numpy scalars, which
+    onnxruntime refuses): vmap over X against a loop of single runs, stacked."""
+    xs = np.asarray(feeds["X"]) + np.array([0.0, 0.3, -0.2], feeds["X"].dtype)
+    vm = onnax.vmap(model, in_axes={"X": 0})
+    got = run(vm, {**feeds, "X": xs})
+    for out in model.graph.outputs:
+        want = np.stack([run(model, {**feeds, "X": np.asarray(x)})[out.name] for x in xs])
+        np.testing.assert_allclose(got[out.name], want, rtol=1e-5)
+
+
+@pytest.mark.parametrize(("case", "dtype", "opset"), _vmap_params(), ids=case_id)
+def test_vmap(case: Case, dtype: str, opset: int) -> None:
+    model = case.model(dtype, opset)
+    if model.graph.inputs[0].shape.rank() == 0:
+        _check_vmap_rank0(model, case.feeds(model))
+        return
+    axes_inputs = _runtime_int_inputs(model)
+    if not axes_inputs:
+        run_vmap_case(case, dtype, opset)
+        return
+    # Run-time axes shared by the examples: only the data is batched (at 0, 1 and -1).
+    feeds = case.feeds(model)
+    for axis in (0, 1, -1):
+        check_vmap(model, feeds, in_axes={"X": axis})
+    check_vmap(model, feeds, in_axes={"X": 0}, out_axes=-1)
+
+
+@pytest.mark.parametrize("in_axis", [0, -1])
+@pytest.mark.parametrize("op", ["ReduceSum", "ReduceL2"])
+def test_vmap_refuses_batched_axes(op: str, in_axis: int) -> None:
+    """Axes that depend on batched data could differ per example: refused, naming the input."""
+    case = reduction(op, "input", [1], 0, (18,))
+    model = case.model("float", 18)
+    with pytest.raises(UnsupportedOperatorError) as err:
+        onnax.vmap(model, in_axes={"X": 0, "A": in_axis})
+    message = str(err.value)
+    assert f"ai.onnx::{op}" in message and "at opset 18" in message
+    assert "'Y'" in message and "input 1 'A'" in message and "axes" in message
+    assert "in_axes None" in message
+
+
+@pytest.mark.parametrize("op", ["Softmax", "LogSoftmax"])
+@pytest.mark.parametrize("opset", [11, 13])
+def test_vmap_softmax_shifts_axis(op: str, opset: int) -> None:
+    """The batched node normalises along axis + 1 (the flattened block is unchanged before 13)."""
+    model = softmax(op, -2, (opset,)).model("float", opset)
+    vm = onnax.vmap(model, in_axes=0)
+    (node,) = [n for n in vm.graph if n.op_type == op]
+    assert node.attributes.get_int("axis") == 2
+
+
+# vmap of the jvp and vjp models (tangents and seeds batched alongside the primal inputs, or
+# alone: a Jacobian's rows). The tangent and transpose rules emit Unsqueeze, Expand, Reshape,
+# ScatterElements, ...: operators whose batch rules live in other modules.
+DERIVATIVES = [
+    ("ReduceSum-attr-1-k0-n0", 11),
+    ("ReduceMean-input-0,2-k1-n0", 21),
+    ("ReduceMax-const--1,0-k0-n0", 18),
+    ("ReduceProd-zeros-input", 18),
+    ("ReduceL2-init-1-k1-n0", 18),
+    ("ReduceLogSumExp-attr--1,0-k1-n0", 13),
+    ("Softmax-axis1-Nx3x4", 11),
+    ("LogSoftmax-axis-1-Nx3x4", 13),
+    ("chain-mean-logsumexp", 17),
+]
+
+
+def _skip_missing_batch_rule(err: UnsupportedOperatorError) -> None:
+    """Skips when another module's batch rule is missing; this module's own must exist."""
+    message = str(err)
+    prefix = "no batch rule for ai.onnx::"
+    if prefix not in message:
+        raise err
+    op = message.split(prefix, 1)[1].split(" ", 1)[0]
+    if op in (*REDUCTIONS, "Softmax", "LogSoftmax"):
+        raise err
+    pytest.skip(f"no batch rule for {op} yet (another module): {message[:160]}")
+
+
+@pytest.mark.parametrize("mode", ["jvp", "vjp"])
+@pytest.mark.parametrize(("name", "opset"), DERIVATIVES, ids=[f"{n}-{o}" for n, o in DERIVATIVES])
+def test_vmap_of_derivatives(name: str, opset: int, mode: str) -> None:
+    case = next(c for c in VMAP_CASES if c.name == name)
+    model = case.model("double", opset)
+    feeds = case.feeds(model)
+    derived = onnax.jvp(model, ["X"]) if mode == "jvp" else onnax.vjp(model, ["X"])
+    rng = np.random.default_rng(5)
+    extra = derived.graph.inputs[len(model.graph.inputs) :]
+    for v in extra:
+        shape = [d if isinstance(d, int) else 3 for d in v.shape.dims]
+        feeds[v.name] = rng.standard_normal(shape)
+    shared_axes = {v.name: None for v in derived.graph.inputs if v.dtype == ir.DataType.INT64}
+    try:
+        # Everything batched but run-time axes; then only the tangents/seeds.
+        check_vmap(
+            derived, feeds, in_axes={**{v.name: 0 for v in derived.graph.inputs}, **shared_axes}
+        )
+        check_vmap(derived, feeds, in_axes={v.name: -1 for v in extra})
+    except UnsupportedOperatorError as err:
+        _skip_missing_batch_rule(err)

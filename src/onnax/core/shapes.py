@@ -61,24 +61,22 @@ def unbroadcast(em: Emitter, ct: ir.Value, operand: ir.Value, result: ir.Value) 
     if lead < 0:
         raise InternalRuleError(f"unbroadcast: {operand.name!r} has a higher rank than the result")
     static_axes: list[int] = []
-    dynamic = False
+    dynamic_axes: list[int] = []
     for i, dt in enumerate(target.dims):
         dr = full.dims[lead + i]
         if isinstance(dt, int):
             if dt == 1 and dr != 1:
                 static_axes.append(lead + i)
         elif not (isinstance(dr, ir.SymbolicDim) and dr.value is not None and dr == dt):
-            dynamic = True
+            dynamic_axes.append(i)
     out = ct
     if static_axes:
         out = em.reduce_sum(out, static_axes, keepdims=True)
-    if dynamic:
+    if dynamic_axes and em.opset < 13:
+        out = _unbroadcast_axes_one_by_one(em, out, operand, lead, dynamic_axes)
+    elif dynamic_axes:
         # A symbolic operand dimension may be 1 at run time; summing over every axis where the
         # operand is 1 is exact, because summing an axis that is already 1 changes nothing.
-        if em.opset < 13:
-            raise InternalRuleError(
-                "unbroadcast over a symbolic dimension needs ReduceSum with run-time axes (opset 13)"
-            )
         operand_shape = em.shape(operand)
         if lead:
             operand_shape = em.op("Concat", [em.ints([1] * lead), operand_shape], {"axis": 0})
@@ -87,6 +85,24 @@ def unbroadcast(em: Emitter, ct: ir.Value, operand: ir.Value, result: ir.Value) 
         out = em.op("ReduceSum", [out, axes], {"keepdims": 1, "noop_with_empty_axes": 1})
     if lead:
         out = em.reduce_sum(out, list(range(lead)), keepdims=False)
+    return out
+
+
+def _unbroadcast_axes_one_by_one(
+    em: Emitter, ct: ir.Value, operand: ir.Value, lead: int, axes: list[int]
+) -> ir.Value:
+    """Unbroadcasts run-time axes one at a time (opsets before 13 lack run-time ReduceSum axes).
+
+    For each axis whose size is only known at run time, sum it (static axis, keepdims), choose the sum where the operand's size is
+    1, and cut the axis to the operand's size: one element of the broadcast sum, or all of ``ct``.
+    """
+    operand_shape = em.shape(operand)
+    out = ct
+    for i in axes:
+        size = em.slice(operand_shape, [i], [i + 1], [0])
+        summed = em.reduce_sum(out, [lead + i], keepdims=True)
+        chosen = em.op("Where", [em.op("Equal", [size, em.ints([1])]), summed, out])
+        out = em.slice(chosen, em.ints([0]), size, [lead + i])
     return out
 
 

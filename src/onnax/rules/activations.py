@@ -16,7 +16,7 @@ ONNX formula selects there, or 0 where the function's graph has a corner at 0 (a
 ``relu`` and ``abs``).
 
 Coefficients only use operators that have jvp rules themselves (``Mul Add Sub Div Neg Where
-Less Greater Exp Sqrt Reciprocal Abs Sin Cos Sinh Cosh Tanh Sigmoid Erf``), so the derivative
+Less Greater Sign Exp Sqrt Reciprocal Abs Sin Cos Sinh Cosh Tanh Sigmoid Erf``), so the derivative
 models can be differentiated again. Where there is a choice they use operators that
 onnxruntime implements for double as well (``Mish`` goes through ``Sigmoid`` rather than
 ``Softplus``), so a derivative model runs wherever its primal model does.
@@ -217,10 +217,8 @@ def _gelu(em: Emitter, node: ir.Node, x: ir.Value, y: ir.Value) -> ir.Value:
 
 # ------------------------------------------------------------------------- piecewise functions
 def _abs(em: Emitter, node: ir.Node, x: ir.Value, y: ir.Value) -> ir.Value:
-    # sign(x), 0 at 0 (a subgradient, as in JAX)
-    zero = _c(em, 0.0, x)
-    negative = _where(em, _less(em, x, zero), _c(em, -1.0, x), zero)
-    return _where(em, _greater(em, x, zero), _c(em, 1.0, x), negative)
+    # sign(x): 0 at 0, a subgradient (as in JAX)
+    return em.op("Sign", [x])
 
 
 def _relu(em: Emitter, node: ir.Node, x: ir.Value, y: ir.Value) -> ir.Value:

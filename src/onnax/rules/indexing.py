@@ -23,6 +23,14 @@ The scatters are linear in ``data`` and ``updates`` jointly for ``reduction`` no
   branches where an update is exactly zero: the first derivative is exact there too, but
   differentiating it again (second order) is exact only where no update is exactly zero.
 
+Batch rules (vmap) keep each example's indices pointing into its own data, without loops: a
+shared index set applies along a shifted axis (Gather) or as one more batch dimension of GatherND;
+batched indices with shared data just add leading index axes (Gather, GatherND); when both are
+batched, GatherND's ``batch_dims`` (opset 12 on) or index tuples led by the batch coordinate
+(``Range`` over the batch, broadcast) address the batch axis explicitly. ScatterND, which has
+no ``batch_dims``, always scatters with such tuples; GatherElements and ScatterElements, which
+address every axis position by position, batch all operands along axis 0.
+
 The deprecated ``Scatter`` (opsets 9-10) has no rule: models older than 11 are converted first.
 """
 
@@ -34,9 +42,10 @@ import numpy as np
 import onnx_ir as ir
 
 from onnax.core.attrs import const_ints
+from onnax.core.batching import Batcher
 from onnax.core.diagnostics import node_label, op_label
 from onnax.core.emit import Emitter, InternalRuleError
-from onnax.core.registry import jvp_rules, transpose_rules
+from onnax.core.registry import batch_rules, jvp_rules, transpose_rules
 from onnax.errors import UnsupportedOperatorError
 
 Tangents = Sequence[ir.Value | None]
@@ -447,3 +456,180 @@ for _op in ("ScatterElements", "ScatterND"):
     for _v in (11, 13, 16, 18):
         jvp_rules.add(_op, _scatter_jvp, since_version=_v)
         transpose_rules.add(_op, _scatter_transpose, since_version=_v)
+
+
+# ---------------------------------------------------------------------------- batch rules
+# Under vmap every batched value carries the batch axis at 0. The gathers and scatters address
+# elements of one example through their index tuples, so a batched formulation must keep example
+# b's indices pointing into example b's data: GatherND's ``batch_dims`` does that (opset 12 on),
+# and elsewhere the batch coordinate is prepended to every index tuple (a ``Range`` over the batch
+# broadcast along the tuples), which turns the op into one over the whole batch.
+Args = Sequence[ir.Value | None]
+BatchResult = tuple[list[ir.Value | None], list[bool]]
+
+# The first opset whose GatherND has ``batch_dims``.
+_BATCH_DIMS_OPSET = 12
+
+
+def _operands(node: ir.Node, args: Args) -> tuple[list[ir.Value], list[ir.Value]]:
+    """The new and the original inputs of ``node`` (all present for these operators)."""
+    new = [a for a in args if a is not None]
+    old = [v for v in node.inputs if v is not None]
+    if len(new) != len(args) or len(old) != len(node.inputs):
+        raise InternalRuleError(f"{node.op_type}: a required input is missing")
+    return new, old
+
+
+def _batch_rank(node: ir.Node, value: ir.Value | None, what: str) -> int:
+    """The static unbatched rank of an input or output; a user-reachable error when unknown."""
+    assert value is not None
+    if value.shape is None:
+        raise UnsupportedOperatorError(
+            f"vmap: {op_label(node)} ({node_label(node)}): batching it needs the rank of its "
+            f"{what} {value.name!r}, which shape inference could not determine. Remedy: declare "
+            "the shapes (symbolic dimensions are fine) of the graph inputs that feed this node; "
+            "for GatherND/ScatterND also give the indices a fixed last dimension (the index "
+            "depth), e.g. a known size or constant indices."
+        )
+    return value.shape.rank()
+
+
+def _prepend_batch_coordinates(
+    bx: Batcher, tuples: ir.Value, lead: ir.Value, n_lead: int
+) -> ir.Value:
+    """Index tuples ``[B, *lead, k]`` (int64) -> ``[B, *lead, 1 + k]`` led by the batch index.
+
+    ``lead`` is the 1-D shape of the ``n_lead`` axes between the batch axis and the tuple axis.
+    """
+    size = bx.squeeze(bx.batch_size, [0])
+    coords = bx.unsqueeze(_range(bx, size), list(range(1, n_lead + 2)))  # [B, 1, ..., 1]
+    shape = bx.op("Concat", [bx.batch_size, lead, bx.ints([1])], {"axis": 0})
+    return bx.op("Concat", [bx.op("Expand", [coords, shape]), tuples], {"axis": -1})
+
+
+def _leading_shape(
+    bx: Batcher, idx: ir.Value, batched: bool, original: ir.Value, q: int
+) -> ir.Value:
+    """The shape of one example of GatherND/ScatterND indices (rank ``q``) without the tuple axis."""
+    return bx.slice(bx.unbatched_shape(idx, batched, original), [0], [q - 1], [0])
+
+
+def _gather_nd_both(
+    bx: Batcher, data: ir.Value, idx: ir.Value, lead: ir.Value | None, n_lead: int, b: int
+) -> ir.Value:
+    """GatherND of batched ``data`` with batched int64 ``idx`` (node ``batch_dims`` ``b``).
+
+    ``lead`` (the shape of ``idx``'s tuple-leading axes of one example, ``n_lead`` of them) is
+    needed only before opset 12, where the batch coordinate is prepended to each tuple.
+    """
+    if bx.opset >= _BATCH_DIMS_OPSET:
+        return bx.op("GatherND", [data, idx], {"batch_dims": b + 1})
+    assert b == 0 and lead is not None  # no batch_dims attribute before opset 12
+    return bx.op("GatherND", [data, _prepend_batch_coordinates(bx, idx, lead, n_lead)])
+
+
+def _gather_batch(bx: Batcher, node: ir.Node, args: Args, batched: Sequence[bool]) -> BatchResult:
+    """Gather under vmap.
+
+    Batched data, shared indices: the same Gather one axis further. Shared data, batched indices:
+    the Gather as it is, whose result has the batch axis where the index axes start (moved to
+    0). Both batched: a GatherND over one-element tuples with the batch axis as a batch dimension
+    (the gathered axis of data moved next to it), transposed back into Gather's layout.
+    """
+    (data, idx), (xd, xi) = _operands(node, args)
+    r, q = _batch_rank(node, xd, "input 'data'"), _batch_rank(node, xi, "input 'indices'")
+    a = _axis(node, r)
+    if not batched[1]:
+        return [bx.op("Gather", [data, idx], {"axis": a + 1})], [True]
+    if not batched[0]:
+        out = bx.op("Gather", [data, idx], {"axis": a})  # D[:a] + [B] + I + D[a+1:]
+        return [bx.move_axis(out, a, 0, r + q)], [True]
+    moved = bx.move_axis(data, a + 1, 1, r + 1)  # [B, d_a, D[:a], D[a+1:]]
+    tuples = bx.unsqueeze(_as_int64(bx, idx), [q + 1])  # [B, I, 1]
+    lead = bx.unbatched_shape(idx, True, xi) if bx.opset < _BATCH_DIMS_OPSET else None
+    out = _gather_nd_both(bx, moved, tuples, lead, q, 0)  # [B, I, D[:a], D[a+1:]]
+    perm = [0, *range(1 + q, 1 + q + a), *range(1, 1 + q), *range(1 + q + a, r + q)]
+    return [bx.transpose(out, perm)], [True]
+
+
+def _gather_elements_batch(
+    bx: Batcher, node: ir.Node, args: Args, batched: Sequence[bool]
+) -> BatchResult:
+    """GatherElements under vmap: both operands batched (the shared one broadcast), axis + 1.
+
+    Data and indices have equal ranks and indices address data position by position on every
+    axis but ``axis``, so the indices need a batch axis of full size too.
+    """
+    (data, idx), (xd, xi) = _operands(node, args)
+    a = _axis(node, _batch_rank(node, xd, "input 'data'"))
+    data = bx.materialize(data, batched[0], xd)
+    idx = bx.materialize(idx, batched[1], xi)
+    return [bx.op("GatherElements", [data, idx], {"axis": a + 1})], [True]
+
+
+def _gather_nd_batch(
+    bx: Batcher, node: ir.Node, args: Args, batched: Sequence[bool]
+) -> BatchResult:
+    """GatherND under vmap.
+
+    Shared data, batched indices: the index batch axis is one more leading axis of the indices
+    (moved behind the node's ``batch_dims`` ones, and moved back to 0 in the result). Batched
+    data: indices broadcast along the batch and one more batch dimension (or, before opset 12,
+    the batch coordinate prepended to every tuple).
+    """
+    (data, idx), (_, xi) = _operands(node, args)
+    b = node.attributes.get_int("batch_dims", 0)
+    q = _batch_rank(node, xi, "input 'indices'")
+    if not batched[0]:
+        if b == 0:
+            return [bx.op("GatherND", [data, idx])], [True]
+        moved = bx.move_axis(idx, 0, b, q + 1)  # [D[:b], B, J, k]
+        out = bx.op("GatherND", [data, moved], {"batch_dims": b})  # [D[:b], B, J, rest]
+        return [bx.move_axis(out, b, 0, _batch_rank(node, node.outputs[0], "output") + 1)], [True]
+    lead = _leading_shape(bx, idx, batched[1], xi, q) if bx.opset < _BATCH_DIMS_OPSET else None
+    idx = bx.materialize(idx, batched[1], xi)
+    return [_gather_nd_both(bx, data, idx, lead, q - 1, b)], [True]
+
+
+def _scatter_elements_batch(
+    bx: Batcher, node: ir.Node, args: Args, batched: Sequence[bool]
+) -> BatchResult:
+    """ScatterElements under vmap: all three operands batched (shared ones broadcast), axis + 1.
+
+    Indices and updates address data position by position on every axis but ``axis``, so each
+    example's updates land in its own slice.
+    """
+    (data, idx, u), (xd, xi, xu) = _operands(node, args)
+    a = _axis(node, _batch_rank(node, xd, "input 'data'"))
+    data = bx.materialize(data, batched[0], xd)
+    idx = bx.materialize(idx, batched[1], xi)
+    u = bx.materialize(u, batched[2], xu)
+    return [bx.op("ScatterElements", [data, idx, u], _attrs(node) | {"axis": a + 1})], [True]
+
+
+def _scatter_nd_batch(
+    bx: Batcher, node: ir.Node, args: Args, batched: Sequence[bool]
+) -> BatchResult:
+    """ScatterND under vmap: the batch coordinate is prepended to every index tuple.
+
+    ScatterND has no ``batch_dims``; with full tuples ``(b, i...)`` one scatter into the batched
+    data (shared operands broadcast along the batch) updates each example's own slice, and the
+    order of the updates within an example (which matters for duplicates) is kept.
+    """
+    (data, idx, u), (xd, xi, xu) = _operands(node, args)
+    q = _batch_rank(node, xi, "input 'indices'")
+    lead = _leading_shape(bx, idx, batched[1], xi, q)
+    tuples = _prepend_batch_coordinates(bx, bx.materialize(idx, batched[1], xi), lead, q - 1)
+    data = bx.materialize(data, batched[0], xd)
+    u = bx.materialize(u, batched[2], xu)
+    return [bx.op("ScatterND", [data, tuples, u], _attrs(node))], [True]
+
+
+for _v in (11, 13):
+    batch_rules.add("Gather", _gather_batch, since_version=_v)
+    batch_rules.add("GatherElements", _gather_elements_batch, since_version=_v)
+for _v in (11, 12, 13):
+    batch_rules.add("GatherND", _gather_nd_batch, since_version=_v)
+for _v in (11, 13, 16, 18):
+    batch_rules.add("ScatterElements", _scatter_elements_batch, since_version=_v)
+    batch_rules.add("ScatterND", _scatter_nd_batch, since_version=_v)

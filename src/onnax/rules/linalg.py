@@ -19,6 +19,12 @@ one operand replaced by its tangent, and every transpose contracts the cotangent
   time from the operand's shape with ``Range``/``Equal``/``Cast``), and broadcasting, of the
   ellipsis dimensions (as documented) and of size-1 labelled dimensions (as onnxruntime and numpy
   allow): the cotangent is summed back over the broadcast axes.
+
+Batch rules (vmap) need no loop: ``MatMul`` broadcasts batch dimensions already (a batched 1-D
+operand is lifted to a stack of 1-row/1-column matrices, and a batched operand with fewer batch
+dimensions than the other gets size-1 axes after its batch axis); ``Gemm``, which takes only
+matrices, becomes ``MatMul`` with ``Transpose``/``Mul``/``Add``; ``Einsum`` names the batch axis
+with a fresh label on the batched operands and in front of the output.
 """
 
 from __future__ import annotations
@@ -30,9 +36,10 @@ import numpy as np
 import onnx_ir as ir
 
 from onnax.core.attrs import float_attr, int_attr
+from onnax.core.batching import Batcher
 from onnax.core.diagnostics import node_label, op_label
 from onnax.core.emit import Emitter
-from onnax.core.registry import jvp_rules, transpose_rules
+from onnax.core.registry import batch_rules, jvp_rules, transpose_rules
 from onnax.core.shapes import broadcast_to, unbroadcast
 from onnax.errors import UnsupportedOperatorError
 
@@ -577,3 +584,116 @@ def _sum_broadcast_axes(
 for _v in (12, 28):
     jvp_rules.add("Einsum", _einsum_jvp, since_version=_v)
     transpose_rules.add("Einsum", _einsum_transpose, since_version=_v)
+
+
+# ------------------------------------------------------------------------- batch rules
+Args = Sequence[ir.Value | None]
+
+
+def _batch_rank(node: ir.Node, index: int) -> int:
+    """The unbatched rank of input ``index``; a user-reachable error when it is unknown."""
+    value = node.inputs[index]
+    assert value is not None
+    if value.shape is None:
+        raise UnsupportedOperatorError(
+            f"vmap: {op_label(node)} ({node_label(node)}): batching it needs the rank of its "
+            f"input {index} {value.name!r}, which shape inference could not determine. Remedy: "
+            "declare the shapes (symbolic dimensions are fine) of the graph inputs that feed "
+            "this node, or make the shapes it is reshaped to static in length."
+        )
+    return value.shape.rank()
+
+
+def _matmul_batch(
+    bx: Batcher, node: ir.Node, args: Args, batched: Sequence[bool]
+) -> tuple[list[ir.Value | None], list[bool]]:
+    """MatMul under vmap: numpy broadcasting of the batch dimensions does the work.
+
+    The batch axis (axis 0) of a batched operand must land in the broadcast batch dimensions,
+    never in the matrix dimensions: a batched 1-D operand is lifted to a stack of matrices
+    (``[B, 1, k]`` on the left, ``[B, k, 1]`` on the right) whose size-1 axis is squeezed from the
+    result, and a batched operand with fewer batch dimensions than the other gets size-1 axes
+    after its batch axis so that right alignment pairs it with the other's batch dimensions.
+    """
+    a, b = args
+    assert a is not None and b is not None
+    fa, fb = batched[0], batched[1]
+    ra, rb = _batch_rank(node, 0), _batch_rank(node, 1)
+    lift_a, lift_b = fa and ra == 1, fb and rb == 1
+    if lift_a:
+        a, ra = bx.unsqueeze(a, [1]), 2
+    if lift_b:
+        b, rb = bx.unsqueeze(b, [2]), 2
+    rank = max(ra, rb)  # per-example ranks, after lifting
+    if fa:
+        a = bx.unsqueeze(a, list(range(1, 1 + rank - ra)))
+    if fb:
+        b = bx.unsqueeze(b, list(range(1, 1 + rank - rb)))
+    # The ranks of the tensors actually multiplied, and of their product.
+    na, nb = (1 + rank) if fa else ra, (1 + rank) if fb else rb
+    nr = max(na, nb) if na >= 2 and nb >= 2 else (nb - 1 if na == 1 else na - 1)
+    out = bx.op("MatMul", [a, b])
+    squeeze = []
+    if lift_a:
+        squeeze.append(nr - 2 if nb >= 2 else nr - 1)
+    if lift_b:
+        squeeze.append(nr - 1)
+    return [bx.squeeze(out, squeeze)], [True]
+
+
+def _gemm_batch(
+    bx: Batcher, node: ir.Node, args: Args, batched: Sequence[bool]
+) -> tuple[list[ir.Value | None], list[bool]]:
+    """Gemm under vmap: Gemm takes only matrices, so it becomes ``alpha * A' @ B' + beta * C``.
+
+    ``A'``/``B'`` transpose the last two axes when ``transA``/``transB`` is set (of the stack of
+    matrices for a batched operand), ``MatMul`` broadcasts a shared operand against a batched one,
+    and a batched ``C`` gets size-1 axes after its batch axis to broadcast against ``[M, N]``.
+    """
+    a, b = args[0], args[1]
+    assert a is not None and b is not None
+    alpha, beta, trans_a, trans_b = _gemm_attrs(node)
+    y = node.outputs[0]
+    if trans_a:
+        a = _swap_last(bx, a, 3 if batched[0] else 2)
+    if trans_b:
+        b = _swap_last(bx, b, 3 if batched[1] else 2)
+    out = _scale(bx, bx.op("MatMul", [a, b]), alpha, y)
+    c = args[2] if len(args) > 2 else None
+    if c is not None:
+        if batched[2]:
+            # C broadcasts unidirectionally to [M, N]: size-1 axes after the batch axis.
+            c = bx.unsqueeze(c, list(range(1, 3 - _batch_rank(node, 2))))
+        out = bx.op("Add", [out, _scale(bx, c, beta, y)])
+    return [out], [True]
+
+
+def _einsum_batch(
+    bx: Batcher, node: ir.Node, args: Args, batched: Sequence[bool]
+) -> tuple[list[ir.Value | None], list[bool]]:
+    """Einsum under vmap: a fresh label names the batch axis.
+
+    Batched operands get the label first (their batch axis is axis 0, in front of any ellipsis),
+    and so does the output, which keeps it from being summed; shared operands keep their terms.
+    An implicit output is made explicit first (the fresh label would otherwise join it sorted).
+    """
+    terms, output = _parse_equation(node)
+    used = {s for t in (*terms, output) for s in t}
+    letter = next((s for s in _LETTERS if s not in used), None)
+    if letter is None:
+        raise _einsum_error(
+            node,
+            "vmap needs a fresh subscript for the batch axis, but the equation uses all 52 letters",
+            "split the Einsum into several, or give its batched inputs in_axes None",
+        )
+    new_terms = [[letter, *t] if f else t for t, f in zip(terms, batched, strict=True)]
+    equation = ",".join("".join(t) for t in new_terms) + "->" + letter + "".join(output)
+    return [bx.op("Einsum", list(args), {"equation": equation})], [True]
+
+
+for _v in (1, 9, 13):
+    batch_rules.add("MatMul", _matmul_batch, since_version=_v)
+for _v in (7, 9, 11, 13):
+    batch_rules.add("Gemm", _gemm_batch, since_version=_v)
+for _v in (12, 28):
+    batch_rules.add("Einsum", _einsum_batch, since_version=_v)

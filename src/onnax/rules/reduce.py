@@ -38,6 +38,22 @@ Choices and limitations:
 * **Softmax/LogSoftmax** before opset 13 normalise over the flattened block ``axis..rank-1``; the
   tangent then sums over all of those axes (``ReduceSum`` with ``keepdims=1``), which is the same
   thing without reshaping. From 13 on they normalise along ``axis`` alone.
+
+Batch rules (vmap) apply the operator itself to the batched input (batch axis 0) with shifted
+axes:
+
+* **Static axes** are normalised with the unbatched rank and shifted by one; absent axes (reduce
+  everything) become the explicit list ``1..rank``, so the batch axis is never reduced. With
+  ``noop_with_empty_axes=1`` and no axes the operator is elementwise and is applied as it is. A
+  rank-0 input (one element per example) is reduced along an inserted size-1 axis.
+* **Run-time axes** that are shared by all examples are shifted at run time
+  (``Where(a < 0, a + rank, a) + 1``); when they may be empty and ``noop_with_empty_axes`` is 0,
+  ``1..rank`` is appended exactly when they are (a ``Slice`` whose end is ``rank`` or 0), again
+  keeping the batch axis out. Axes that are *batched* (computed from batched data) are refused:
+  each example could reduce different axes, and the results would be ragged.
+* **Softmax/LogSoftmax** shift ``axis``. Before opset 13 the input is coerced to
+  ``[prod(dims[:axis]), prod(dims[axis:])]``; with the batch axis in front, ``axis + 1`` folds the
+  batch into the rows and leaves the normalised block ``dims[axis:]`` unchanged.
 """
 
 from __future__ import annotations
@@ -50,10 +66,12 @@ import numpy as np
 import onnx_ir as ir
 
 from onnax.core.attrs import int_attr, ints_param
+from onnax.core.batching import Batcher, shift_axes
 from onnax.core.diagnostics import node_label, op_label
 from onnax.core.emit import Emitter, InternalRuleError
-from onnax.core.registry import JvpRule, jvp_rules, transpose_rules
+from onnax.core.registry import BatchRule, JvpRule, batch_rules, jvp_rules, transpose_rules
 from onnax.errors import UnsupportedOperatorError
+from onnax.rules._patterns import attributes_of
 
 Tangents = Sequence[ir.Value | None]
 
@@ -432,3 +450,131 @@ def _log_softmax_jvp(flatten: bool) -> JvpRule:
 for _v, _flatten in ((1, True), (11, True), (13, False)):
     jvp_rules.add("Softmax", _softmax_jvp(_flatten), since_version=_v)
     jvp_rules.add("LogSoftmax", _log_softmax_jvp(_flatten), since_version=_v)
+
+
+# ------------------------------------------------------------------------- batch rules
+Args = Sequence[ir.Value | None]
+BatchResult = tuple[list[ir.Value | None], list[bool]]
+
+
+def _user_name(original: ir.Value | None, arg: ir.Value | None) -> str | None:
+    """The name the user knows a (batched) input by.
+
+    VmapPass gives the name of a batched graph input to its new, batched value (and moves the
+    batch axis to 0 with a Transpose when ``in_axes`` is not 0), so the original may be unnamed.
+    """
+    if original is not None and original.name:
+        return original.name
+    producer = arg.producer() if arg is not None else None
+    if producer is not None and producer.op_type == "Transpose" and producer.inputs:
+        source = producer.inputs[0]
+        if source is not None and source.is_graph_input():
+            return source.name
+    return arg.name if arg is not None else None
+
+
+def _refuse_batched_axes(bx: Batcher, node: ir.Node, args: Args, batched: Sequence[bool]) -> None:
+    if len(batched) > 1 and batched[1]:
+        name = _user_name(node.inputs[1], args[1])
+        raise UnsupportedOperatorError(
+            f"vmap: {op_label(node)} at opset {bx.opset} ({node_label(node)}) takes its axes from "
+            f"input 1 {name!r}, which depends on a batched input: each example could reduce "
+            "different axes, and the results would have different shapes. Remedy: make the axes "
+            "a constant, or give the inputs they are computed from in_axes None (shared)."
+        )
+
+
+def _rank(value: ir.Value | None) -> int | None:
+    """The unbatched rank of an original value, or None when inference could not tell."""
+    return value.shape.rank() if value is not None and value.shape is not None else None
+
+
+def _shift(axes: Sequence[int], rank: int | None) -> list[int]:
+    """Static axes past the batch axis; a negative axis keeps its meaning when the rank is unknown."""
+    if rank is not None:
+        return shift_axes(axes, rank)
+    return [a if a < 0 else a + 1 for a in axes]
+
+
+def _every_axis(bx: Batcher, x: ir.Value, rank: int | None, when: ir.Value | None) -> ir.Value:
+    """The axes ``1..rank`` of the batched ``x`` (only where ``when`` holds, else none).
+
+    An unknown rank is read from ``x`` at run time; an empty result (rank 0, or ``when`` false)
+    must be consumed with ``noop_with_empty_axes=1``.
+    """
+    one = bx.const(np.array(1, np.int64))
+    limit = (
+        bx.const(np.array(rank + 1, np.int64))
+        if rank is not None
+        else bx.op("Size", [bx.op("Shape", [x])])
+    )
+    if when is not None:
+        limit = bx.op("Where", [when, limit, one])
+    return bx.op("Range", [one, limit, one])
+
+
+def _shifted_runtime_axes(
+    bx: Batcher, x: ir.Value, axes: ir.Value, rank: int | None, noop: bool
+) -> ir.Value:
+    """Shared run-time axes of one example, shifted past the batch axis of ``x``.
+
+    To be consumed with ``noop_with_empty_axes=1``: empty axes are replaced by every axis of an
+    example (but the batch one) unless the node's own ``noop`` says they mean no reduction.
+    Negative axes count from the end, which the batch axis in front does not change.
+    """
+    zero, one = bx.const(np.array(0, np.int64)), bx.const(np.array(1, np.int64))
+    shifted = bx.op("Where", [bx.op("Less", [axes, zero]), axes, bx.op("Add", [axes, one])])
+    if noop:
+        return shifted
+    empty = bx.op("Equal", [bx.op("Size", [axes]), zero])
+    return bx.op("Concat", [shifted, _every_axis(bx, x, rank, empty)], {"axis": 0})
+
+
+def _reduction_batch(
+    bx: Batcher, node: ir.Node, args: Args, batched: Sequence[bool]
+) -> BatchResult:
+    _refuse_batched_axes(bx, node, args, batched)
+    x, op = args[0], node.op_type
+    assert x is not None and batched[0]
+    rank, red = _rank(node.inputs[0]), _reduction(node)
+    # The rank is unknown after a reduction over run-time axes without keepdims.
+    if red.identity:
+        # noop_with_empty_axes without axes: elementwise (x, x**2, |x|, log x...), batch or not.
+        return [bx.op(op, [x], attributes_of(node))], [True]
+    if rank == 0:
+        # One element per example: every valid reduction of it is over that element alone.
+        return [bx.reduce(op, bx.unsqueeze(x, [1]), [1], keepdims=False)], [True]
+    runtime_attrs = {"keepdims": int(red.keepdims), "noop_with_empty_axes": 1}
+    if isinstance(red.axes, ir.Value):
+        assert args[1] is not None
+        axes = _shifted_runtime_axes(bx, x, args[1], rank, red.noop)
+        return [bx.op(op, [x, axes], runtime_attrs)], [True]
+    if red.axes is not None:
+        return [bx.reduce(op, x, _shift(red.axes, rank), keepdims=red.keepdims)], [True]
+    if rank is not None:
+        return [bx.reduce(op, x, list(range(1, rank + 1)), keepdims=red.keepdims)], [True]
+    if bx.opset < (13 if op == "ReduceSum" else 18):
+        bx.rank(node.inputs[0])  # type: ignore[arg-type]  # raises: static axes need the rank
+    return [bx.op(op, [x, _every_axis(bx, x, None, None)], runtime_attrs)], [True]
+
+
+for _op in _VERSIONS:
+    for _v in _VERSIONS[_op]:
+        batch_rules.add(_op, _reduction_batch, since_version=_v)
+
+
+def _softmax_batch(default_axis: int) -> BatchRule:
+    def rule(bx: Batcher, node: ir.Node, args: Args, batched: Sequence[bool]) -> BatchResult:
+        """The operator along the shifted axis (see the module doc for the flattening forms)."""
+        x = args[0]
+        assert x is not None
+        axis = int_attr(node, "axis", default_axis)
+        shifted = _shift([axis], _rank(node.inputs[0]))[0]
+        return [bx.op(node.op_type, [x], attributes_of(node, axis=shifted))], [True]
+
+    return rule
+
+
+for _v, _default in ((1, 1), (11, 1), (13, -1)):
+    batch_rules.add("Softmax", _softmax_batch(_default), since_version=_v)
+    batch_rules.add("LogSoftmax", _softmax_batch(_default), since_version=_v)

@@ -12,10 +12,12 @@ tangent and the transpose undoes the layout change:
   a ScatterND of the cotangent into zeros otherwise. The scatter indices come from slicing a
   ``Range`` over each axis with the node's own starts/ends/steps, so ONNX's clamping rules are
   applied by the runtime exactly as in the primal instead of being re-implemented;
-* Pad in constant mode transposes into a Pad by the negated pads (a crop); edge/reflect/wrap are
-  gathers along each axis whose source indices come from padding a ``Range`` with the node's own
-  pads and mode, and transpose into a contraction with a one-hot matrix per axis (valid at every
-  opset, unlike ScatterElements with ``reduction="add"``);
+* Pad in constant mode is linear jointly in the data and the padding value; it transposes into
+  a Pad by the negated pads (a crop) for the data, and the sum over the padded positions for the
+  value. Edge/reflect/wrap are gathers along each axis whose source indices come from padding a
+  ``Range`` with the node's own pads and mode; they transpose into a ScatterElements with
+  ``reduction="add"`` per padded axis from opset 16, and into a contraction with a one-hot
+  matrix of the sources before;
 * Tile sums the repeats out of an interleaved reshape of the cotangent.
 
 Parameters that are only known at run time (shapes, pads, slice bounds, axes) are handled with
@@ -88,6 +90,19 @@ def _reshape_like(em: Emitter, ct: ir.Value, like: ir.Value) -> ir.Value:
     return em.op("Reshape", [ct, em.shape(like)], attrs)
 
 
+def _zeros_like(em: Emitter, value: ir.Value) -> ir.Value:
+    """``em.zeros_like`` with the known type and shape recorded on the result.
+
+    Shape inference does not see through ``ConstantOfShape(Shape(x))``; the rules downstream
+    (Concat's transpose needs the sizes of its inputs) rely on the recorded shape.
+    """
+    zeros = em.zeros_like(value)
+    if zeros.type is None:
+        zeros.type = value.type
+        zeros.shape = value.shape.copy() if value.shape is not None else None
+    return zeros
+
+
 def _int64(em: Emitter, value: ir.Value) -> ir.Value:
     """Slice bounds may be int32; the index arithmetic here is int64."""
     if value.dtype == ir.DataType.INT64:
@@ -105,8 +120,7 @@ def _element(em: Emitter, vector: ir.Value, k: int) -> ir.Value:
 
 def _dim(em: Emitter, x: ir.Value, shape_x: Callable[[], ir.Value], axis: int) -> Param:
     """Dimension ``axis`` of ``x``: an int when static, else a 1-element vector."""
-    assert x.shape is not None
-    d = x.shape.dims[axis]
+    d = x.shape.dims[axis] if x.shape is not None else None
     if isinstance(d, int):
         return d
     return _element(em, shape_x(), axis)
@@ -273,16 +287,19 @@ def _concat_jvp(em: Emitter, node: ir.Node, tangents: Tangents) -> list[ir.Value
     parts: list[ir.Value | None] = []
     for x, t in zip(node.inputs, tangents, strict=True):
         assert x is not None
-        parts.append(t if t is not None else em.zeros_like(x))
+        parts.append(t if t is not None else _zeros_like(em, x))
     return [em.op("Concat", parts, _attrs(node))]
 
 
 def _concat_transpose(
     em: Emitter, node: ir.Node, cts: Tangents, linear: Sequence[bool]
 ) -> list[ir.Value | None]:
-    ct, y = cts[0], node.outputs[0]
+    ct = cts[0]
     assert ct is not None
-    axis = _norm_axis(int_attr(node, "axis", 0), _rank(node, y))
+    known = [v for v in (node.outputs[0], *node.inputs) if v is not None and v.shape is not None]
+    axis = _norm_axis(
+        int_attr(node, "axis", 0), _rank(node, known[0] if known else node.outputs[0])
+    )
     results: list[ir.Value | None] = []
     offset: Param = 0
     for x, is_linear in zip(node.inputs, linear, strict=True):
@@ -306,7 +323,7 @@ def _split_transpose(
 ) -> list[ir.Value | None]:
     # Outputs without a cotangent contribute zeros shaped like them.
     parts: list[ir.Value | None] = [
-        ct if ct is not None else em.zeros_like(out)
+        ct if ct is not None else _zeros_like(em, out)
         for ct, out in zip(cts, node.outputs, strict=True)
     ]
     result = (
@@ -426,6 +443,8 @@ def _slice_scatter_transpose(
     assert x.dtype is not None
     zero = ir.tensor(np.zeros((1,), dtype=x.dtype.numpy()))
     zeros = em.op("ConstantOfShape", [shape_x()], {"value": zero})
+    # Shape inference does not see through ConstantOfShape(Shape(x)): record what is known.
+    zeros.type, zeros.shape = x.type, x.shape.copy() if x.shape is not None else None
     return em.op("ScatterND", [zeros, grid, ct])
 
 
@@ -466,7 +485,7 @@ def _pad_jvp(em: Emitter, node: ir.Node, tangents: Tangents) -> list[ir.Value | 
     t_value = tangents[2] if len(tangents) > 2 and _pad_mode(node) == "constant" else None
     if t_data is None and t_value is None:
         return [None]
-    data = t_data if t_data is not None else em.zeros_like(x)
+    data = t_data if t_data is not None else _zeros_like(em, x)
     return [em.op("Pad", _trim([data, pads, t_value, axes]), _attrs(node))]
 
 
@@ -533,9 +552,9 @@ def _gather_pad_transpose(em: Emitter, node: ir.Node, ct: ir.Value, x: ir.Value)
     """Transpose of an edge/reflect/wrap Pad, a gather of input elements along each axis.
 
     The source index of each output position along axis j is ``Pad(Range(d_j), pads_j, mode)``.
-    The transpose contracts the cotangent's axis j with the one-hot matrix of those indices,
-    which sums repeated sources; it is valid at every opset (ScatterElements with
-    ``reduction="add"`` would need opset 16).
+    Sources repeat, so the transpose must add: from opset 16 a ScatterElements with
+    ``reduction="add"`` per padded axis; before, a contraction of the cotangent's axis j with
+    the one-hot matrix of the sources (dense in that axis, but valid at every opset).
     """
     rank = _rank(node, x)
     begins, ends = _per_axis_pads(em, node, rank)
@@ -548,25 +567,56 @@ def _gather_pad_transpose(em: Emitter, node: ir.Node, ct: ir.Value, x: ir.Value)
         return memo[0]
 
     mode = _pad_mode(node)
+    y = node.outputs[0]
+    x_dims = [_dim(em, x, shape_x, j) for j in range(rank)]
+    sources: dict[int, ir.Value] = {}
     for j in range(rank):
         if begins[j] == 0 and ends[j] == 0:
             continue
-        positions = _arange(em, _dim(em, x, shape_x, j))
         if isinstance(begins[j], int) and isinstance(ends[j], int):
             pads_j = em.ints([begins[j], ends[j]])  # type: ignore[list-item]
         else:
             pads_j = em.op(
                 "Concat", [_as_vector(em, begins[j]), _as_vector(em, ends[j])], {"axis": 0}
             )
-        sources = em.op("Pad", [positions, pads_j], {"mode": mode})
-        one_hot = em.op(
-            "Cast",
-            [em.op("Equal", [em.unsqueeze(sources, [1]), em.unsqueeze(positions, [0])])],
-            {"to": x.dtype},
-        )
-        moved = _move_last(em, ct, j, rank)
-        ct = _move_back(em, em.op("MatMul", [moved, one_hot]), j, rank)
+        sources[j] = em.op("Pad", [_arange(em, x_dims[j]), pads_j], {"mode": mode})
+    if em.opset < 16:
+        for j, src in sources.items():
+            eq = em.op("Equal", [em.unsqueeze(src, [1]), em.unsqueeze(_arange(em, x_dims[j]), [0])])
+            one_hot = em.op("Cast", [eq], {"to": x.dtype})
+            moved = _move_last(em, ct, j, rank)
+            ct = _move_back(em, em.op("MatMul", [moved, one_hot]), j, rank)
+        return ct
+    # The cotangent's shape as the axes are transposed one by one: the output's sizes on the
+    # axes still to do, the input's on those done.
+    current: list[Param] = list(x_dims)
+    current_sym: list[int | ir.SymbolicDim | None] = (
+        list(x.shape.dims) if x.shape is not None else [None] * rank
+    )
+    for j, src in sources.items():
+        out_j = y.shape.dims[j] if y.shape is not None else None
+        current[j] = out_j if isinstance(out_j, int) else em.op("Shape", [src])
+        current_sym[j] = out_j
+    for j, src in sources.items():
+        before = _shape_vector(em, current)
+        current[j], current_sym[j] = x_dims[j], x.shape.dims[j] if x.shape is not None else None
+        after = _shape_vector(em, current)
+        shaped = em.op("Reshape", [src, em.ints([-1 if a == j else 1 for a in range(rank)])])
+        indices = em.op("Expand", [shaped, before])
+        zero = ir.tensor(np.zeros((1,), x.dtype.numpy()))
+        zeros = em.op("ConstantOfShape", [after], {"value": zero})
+        # Shape inference does not see through ConstantOfShape of computed shapes.
+        zeros.dtype = x.dtype
+        if all(d is not None for d in current_sym):
+            zeros.shape = ir.Shape(current_sym)
+        ct = em.op("ScatterElements", [zeros, indices, ct], {"axis": j, "reduction": "add"})
     return ct
+
+
+def _shape_vector(em: Emitter, dims: Sequence[Param]) -> ir.Value:
+    if all(isinstance(d, int) for d in dims):
+        return em.ints([d for d in dims if isinstance(d, int)])
+    return em.op("Concat", [_as_vector(em, d) for d in dims], {"axis": 0})
 
 
 _register("Pad", (11, 13, 18, 19, 21, 23, 24, 25), _pad_jvp, _pad_transpose)
@@ -637,8 +687,7 @@ def _range_jvp(em: Emitter, node: ir.Node, tangents: Tangents) -> list[ir.Value 
     if t_start is not None:
         terms.append(em.op("Expand", [t_start, em.shape(y)]))
     if t_delta is not None:
-        assert y.shape is not None
-        n = y.shape.dims[0]
+        n = y.shape.dims[0] if y.shape is not None and y.shape.rank() == 1 else None
         length: Param = n if isinstance(n, int) else em.shape(y)
         index = em.op("Cast", [_arange(em, length)], {"to": y.dtype})
         terms.append(em.op("Mul", [index, t_delta]))
