@@ -14,7 +14,16 @@ import onnx_ir as ir
 import pytest
 
 import onnax
-from cases import Case, away_from_zero, case_id, parametrize, positive, run_case, unit
+from cases import (
+    Case,
+    away_from_zero,
+    case_id,
+    parametrize,
+    positive,
+    run_case,
+    run_vmap_case,
+    unit,
+)
 from onnax.errors import UnsupportedOperatorError
 from oracles import check_jvp, check_vjp
 
@@ -233,6 +242,11 @@ CHAINS = [
         dtypes=FLOAT,
     ),
 ]
+
+
+@pytest.mark.parametrize(("case", "dtype", "opset"), parametrize(CASES), ids=case_id)
+def test_vmap(case: Case, dtype: str, opset: int) -> None:
+    run_vmap_case(case, dtype, opset)
 
 
 @pytest.mark.parametrize(("case", "dtype", "opset"), parametrize(CHAINS), ids=case_id)

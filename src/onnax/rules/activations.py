@@ -31,11 +31,16 @@ import numpy as np
 import onnx_ir as ir
 
 from onnax.core.attrs import float_attr
+from onnax.core.batching import Batcher
 from onnax.core.diagnostics import node_label, op_label
 from onnax.core.emit import Emitter
-from onnax.core.registry import jvp_rules
+from onnax.core.registry import batch_rules, jvp_rules
 from onnax.errors import UnsupportedOperatorError
-from onnax.rules._patterns import Coefficient, register_elementwise_unary
+from onnax.rules._patterns import (
+    Coefficient,
+    register_elementwise_unary,
+    register_vectorized_batch,
+)
 
 __all__: list[str] = []
 
@@ -339,3 +344,22 @@ _UNARY: dict[str, tuple[tuple[int, ...], Coefficient]] = {
 
 for _op, (_versions, _coef) in _UNARY.items():
     register_elementwise_unary(_op, _versions, _coef)
+
+
+# ---------------------------------------------------------------------------------- vmap
+# Every one-input operator here acts on each element alone: the batched computation is the
+# operator applied to the batched input.
+register_vectorized_batch(_UNARY)
+
+
+@batch_rules.register("PRelu", since_version=7)
+def _prelu_batch(
+    bx: Batcher, node: ir.Node, args: Sequence[ir.Value | None], batched: Sequence[bool]
+) -> tuple[list[ir.Value | None], list[bool]]:
+    # The slope broadcasts to X in one direction only, so X must carry the batch axis whenever
+    # the slope does, and a batched slope needs size-1 axes to line up with X's own axes.
+    x, slope = node.inputs[0], node.inputs[1]
+    assert x is not None and slope is not None and args[0] is not None and args[1] is not None
+    x_b = bx.materialize(args[0], batched[0], x)
+    s = bx.align(args[1], batched[1], slope, bx.rank(x))
+    return [bx.op("PRelu", [x_b, s])], [True]
