@@ -6,6 +6,10 @@ schemas allow: as an attribute (opsets 11, 13, 17; ReduceSum only before 13), an
 keepdims 0 and 1; axes absent (reduce all), single, several, negative, including the symbolic
 axis; and noop_with_empty_axes with absent and empty axes. onnxruntime 1.32 has float and double
 kernels for all of them, so both dtypes are tested everywhere.
+
+vmap is checked on the same cases (rank-0 results not lifted), each case at each of its opsets
+in float or double alternately, plus rank-0 inputs, values of unknown rank and the refusal of
+batched axes; vmap of the jvp and vjp models skips while another module's batch rule is missing.
 """
 
 from __future__ import annotations
@@ -374,6 +378,16 @@ VMAP_CASES += [
         " P = LogSoftmax<axis=-1>(M) }",
         opsets=(18,),
         fixed={"A": np.array([1], np.int64), "E": np.zeros(0, np.int64)},
+    ),
+    # The same at opset 13, where the other reductions still take static axes (attributes).
+    Case(
+        "unknown-rank-attr",
+        "g ({T}[N, 2, 3] X, int64[1] A) => ({T}[N] Y, {T} S, {T}[1, 1] K, {T}[N, 3] P) {"
+        " M = ReduceSum<keepdims=0>(X, A)\n Y = ReduceMin<axes=[-1], keepdims=0>(M)\n"
+        " S = ReduceLogSumExp<keepdims=0>(M)\n K = ReduceMean<keepdims=1>(M)\n"
+        " P = Softmax<axis=1>(M) }",
+        opsets=(13,),
+        fixed={"A": np.array([1], np.int64)},
     ),
 ]
 

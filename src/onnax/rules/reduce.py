@@ -45,15 +45,25 @@ axes:
 * **Static axes** are normalised with the unbatched rank and shifted by one; absent axes (reduce
   everything) become the explicit list ``1..rank``, so the batch axis is never reduced. With
   ``noop_with_empty_axes=1`` and no axes the operator is elementwise and is applied as it is. A
-  rank-0 input (one element per example) is reduced along an inserted size-1 axis.
-* **Run-time axes** that are shared by all examples are shifted at run time
-  (``Where(a < 0, a + rank, a) + 1``); when they may be empty and ``noop_with_empty_axes`` is 0,
-  ``1..rank`` is appended exactly when they are (a ``Slice`` whose end is ``rank`` or 0), again
-  keeping the batch axis out. Axes that are *batched* (computed from batched data) are refused:
-  each example could reduce different axes, and the results would be ragged.
+  rank-0 input (one element per example) is reduced along an inserted size-1 axis. When the rank
+  is unknown (after a reduction over run-time axes without keepdims), negative axes are kept as
+  they are (the batch axis in front does not change what they count from the end), and "every
+  axis" flattens each example (``Reshape`` to ``[B, -1]``), reduces it, and restores kept
+  dimensions with a ``Reshape`` to ``[B, 1, ..., 1]`` built at run time.
+* **Run-time axes** shared by all examples are shifted at run time, ``Where(a < 0, a, a + 1)``
+  (the same as normalising with the rank and adding 1, without needing the rank). The batched
+  reduction always gets ``noop_with_empty_axes=1``: when the node's own flag is 0, ``1..rank`` is
+  appended to the axes exactly when they are empty (a ``Range`` whose limit is ``rank + 1`` or
+  1), so empty axes still mean every axis of an example, never the batch axis. Axes that are
+  *batched* (computed from batched data) are refused: each example could reduce different
+  axes, and the results would be ragged.
 * **Softmax/LogSoftmax** shift ``axis``. Before opset 13 the input is coerced to
   ``[prod(dims[:axis]), prod(dims[axis:])]``; with the batch axis in front, ``axis + 1`` folds the
   batch into the rows and leaves the normalised block ``dims[axis:]`` unchanged.
+
+Kept-dimensions reductions over run-time axes emitted by the jvp rules are annotated with their
+rank (shape inference cannot follow run-time axes), so that batching the jvp model can align
+broadcasting operands.
 """
 
 from __future__ import annotations
@@ -102,11 +112,13 @@ class _Reduction:
             the axes input itself when it is only known at run time.
         keepdims: Whether reduced axes are kept with size 1.
         noop: ``noop_with_empty_axes`` (only matters for run-time axes, which may be empty).
+        like: The node's input (for the type of kept-dimensions reductions over run-time axes).
     """
 
     axes: list[int] | ir.Value | None
     keepdims: bool
     noop: bool
+    like: ir.Value | None = None
 
     @property
     def identity(self) -> bool:
@@ -118,7 +130,7 @@ def _reduction(node: ir.Node) -> _Reduction:
     noop = bool(int_attr(node, "noop_with_empty_axes", 0))
     param = ints_param(node, "axes", 1)
     if isinstance(param, ir.Value):
-        return _Reduction(param, keepdims, noop)
+        return _Reduction(param, keepdims, noop, node.inputs[0])
     if not param:  # absent or empty: everything, or nothing with noop_with_empty_axes
         return _Reduction([] if noop else None, keepdims, noop)
     return _Reduction(list(param), keepdims, noop)
@@ -131,7 +143,14 @@ def _reduce_like(
     if isinstance(red.axes, ir.Value):
         # Run-time axes exist only at opsets where every reduction we emit takes axes as input.
         attrs = {"keepdims": int(keepdims), "noop_with_empty_axes": int(red.noop) or None}
-        return em.op(op_type, [x, red.axes], attrs)
+        out = em.op(op_type, [x, red.axes], attrs)
+        like = red.like
+        if keepdims and like is not None and like.shape is not None and like.dtype is not None:
+            # Shape inference cannot follow run-time axes, but kept dimensions keep the rank
+            # (of the node's input: every reduction here is of a value shaped and typed like
+            # it), which batching (vmap of the jvp model) needs to align broadcasting operands.
+            out.shape, out.dtype = ir.Shape([None] * like.shape.rank()), like.dtype
+        return out
     return em.reduce(op_type, x, red.axes, keepdims=keepdims)
 
 
@@ -157,6 +176,11 @@ def _io(node: ir.Node) -> tuple[ir.Value, ir.Value]:
     return x, node.outputs[0]
 
 
+def _rank_only(shape: ir.Shape) -> bool:
+    """Whether ``shape`` knows nothing but its (non-zero) rank, as ``_reduce_like`` writes it."""
+    return shape.rank() > 0 and all(shape.is_unknown_dim(i) for i in range(shape.rank()))
+
+
 def _annotate(value: ir.Value, like: ir.Value) -> ir.Value:
     """Gives ``value`` the (known) shape and dtype of ``like``; returns ``value``.
 
@@ -165,7 +189,7 @@ def _annotate(value: ir.Value, like: ir.Value) -> ir.Value:
     every linear value. The rules know those shapes (a coefficient is shaped like the input, a
     tangent like its primal), so they write them down.
     """
-    if value.shape is None and like.shape is not None:
+    if like.shape is not None and (value.shape is None or _rank_only(value.shape)):
         value.shape = like.shape.copy()
     if value.dtype is None and like.dtype is not None:
         value.dtype = like.dtype
@@ -500,7 +524,7 @@ def _every_axis(bx: Batcher, x: ir.Value, rank: int | None, when: ir.Value | Non
     """The axes ``1..rank`` of the batched ``x`` (only where ``when`` holds, else none).
 
     An unknown rank is read from ``x`` at run time; an empty result (rank 0, or ``when`` false)
-    must be consumed with ``noop_with_empty_axes=1``.
+    must be consumed with ``noop_with_empty_axes=1``. Only for run-time axes (opset 13 and on).
     """
     one = bx.const(np.array(1, np.int64))
     limit = (
@@ -553,9 +577,28 @@ def _reduction_batch(
         return [bx.reduce(op, x, _shift(red.axes, rank), keepdims=red.keepdims)], [True]
     if rank is not None:
         return [bx.reduce(op, x, list(range(1, rank + 1)), keepdims=red.keepdims)], [True]
-    if bx.opset < (13 if op == "ReduceSum" else 18):
-        bx.rank(node.inputs[0])  # type: ignore[arg-type]  # raises: static axes need the rank
-    return [bx.op(op, [x, _every_axis(bx, x, None, None)], runtime_attrs)], [True]
+    return [_reduce_all_unknown_rank(bx, op, x, red.keepdims)], [True]
+
+
+def _reduce_all_unknown_rank(bx: Batcher, op: str, x: ir.Value, keepdims: bool) -> ir.Value:
+    """Reduces every axis but the batch one of ``x``, whose rank is only known at run time.
+
+    Every reduction here is invariant under reordering its elements, so each example is
+    flattened to one axis (``[B, -1]``), which is reduced; kept dimensions are restored with a
+    ``Reshape`` to ``[B, 1, ..., 1]`` (as many ones as the example's rank, read at run time).
+    """
+    flat = bx.op("Reshape", [x, bx.ints([0, -1])])
+    out = bx.reduce(op, flat, [1], keepdims=False)
+    if not keepdims:
+        return out
+    one = bx.const(np.array(1, np.int64))
+    rank = bx.op("Sub", [bx.op("Size", [bx.op("Shape", [x])]), one])
+    ones = bx.op(
+        "ConstantOfShape",
+        [bx.unsqueeze(rank, [0])],
+        {"value": ir.tensor(np.ones((1,), np.int64))},
+    )
+    return bx.op("Reshape", [out, bx.op("Concat", [bx.ints([0]), ones], {"axis": 0})])
 
 
 for _op in _VERSIONS:
