@@ -152,7 +152,7 @@ class VmapPass(ir.passes.FunctionalPass):
             dims = list(x.shape.dims) if x.shape is not None else []
             dims.insert(axis, dim)
             new = ir.Value(name=x.name, type=x.type, shape=ir.Shape(dims))
-            x.name = None
+            # The original keeps its name for messages; it leaves the graph with its consumers.
             graph.inputs[i] = new
             if first_batched is None:
                 first_batched = (new, axis)
@@ -168,7 +168,6 @@ class VmapPass(ir.passes.FunctionalPass):
         entry = bx.take()
         if entry:
             graph.insert_before(graph[0], entry) if len(graph) else graph.extend(entry)
-        self._check_static_sizes(inputs, graph, in_axes)
         for node in [n for n in graph if n not in entry]:
             self._batch_node(bx, node, env, batched)
         for i, (y, axis) in enumerate(zip(outputs, out_axes, strict=True)):
@@ -200,29 +199,6 @@ class VmapPass(ir.passes.FunctionalPass):
             graph.outputs[i] = new
         return ir.passes.PassResult(cleanup(model), modified=True)
 
-    def _check_static_sizes(
-        self, inputs: list[ir.Value], graph: ir.Graph, in_axes: list[int | None]
-    ) -> None:
-        sizes = {}
-        for v, axis in zip(graph.inputs, in_axes, strict=True):
-            if axis is None or v.shape is None:
-                continue
-            d = v.shape.dims[axis]
-            if isinstance(d, int):
-                sizes[v.name] = d
-        if len(set(sizes.values())) > 1:
-            raise SelectionError(
-                f"vmap: the batched inputs have different sizes along their in_axes: {sizes}. "
-                "Every batched input must have the same batch size."
-            )
-        if self.axis_size is not None:
-            bad = {n: s for n, s in sizes.items() if s != self.axis_size}
-            if bad:
-                raise SelectionError(
-                    f"vmap: axis_size={self.axis_size}, but the inputs have batch sizes {bad} at their in_axes. "
-                    "Make axis_size match, or leave it None."
-                )
-
     def _batch_node(
         self, bx: Batcher, node: ir.Node, env: dict[ir.Value, ir.Value], batched: set[ir.Value]
     ) -> None:
@@ -230,6 +206,11 @@ class VmapPass(ir.passes.FunctionalPass):
         flags = [a is not None and a in batched for a in args]
         captured = [v for v in subgraph_captures(node) if env.get(v, v) in batched]
         if not any(flags) and not captured:
+            # An unbatched input may still have been replaced (a batch rule of Shape returns a
+            # new, unbatched value); the original computation is deleted, so rewire to it.
+            for i, (original, arg) in enumerate(zip(node.inputs, args, strict=True)):
+                if arg is not original:
+                    node.replace_input_with(i, arg)
             if (
                 node.domain == ""
                 and node.op_type in RANDOM_OPS

@@ -20,6 +20,7 @@ FAMILIES = (
     "shape",
     "indexing",
     "zero",
+    "random",
 )
 
 _collected = False
