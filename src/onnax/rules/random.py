@@ -55,9 +55,9 @@ def _bernoulli_batch(
     if bx.randomness == "different":
         return [bx.op("Bernoulli", [arg], attributes_of(node))], [True]
     # Shared draws with per-example probabilities: the same uniforms compared with each p.
-    attrs = {"dtype": int(p.dtype)} if p.dtype is not None else {}
+    attrs: dict[str, object] = {"dtype": int(p.dtype)} if p.dtype is not None else {}
     if "seed" in node.attributes:
-        attrs["seed"] = node.attributes.get_float("seed", 0.0)  # type: ignore[assignment]
+        attrs["seed"] = node.attributes.get_float("seed", 0.0)
     template = bx.op("ConstantOfShape", [bx.unbatched_shape(arg, True, p)])
     uniform = bx.op("RandomUniformLike", [template], attrs)
     hit = bx.op("Less", [uniform, arg])
