@@ -48,7 +48,9 @@ class VjpPass(ir.passes.FunctionalPass):
         claims = NameClaims(model)
         seeds = []
         for y in ys:
-            seed = ir.Value(name=None, type=y.type, shape=y.shape.copy() if y.shape is not None else None)
+            seed = ir.Value(
+                name=None, type=y.type, shape=y.shape.copy() if y.shape is not None else None
+            )
             claims.claim(seed, prefix + y.name)  # type: ignore[operator]
             seeds.append((y, seed))
         lin = linearize(model, xs, "vjp")
