@@ -3,10 +3,10 @@ import onnx_ir as ir
 import pytest
 
 import onnax
-from cases import Case, case_id, parametrize, run_case
+from cases import Case, case_id, parametrize, run_case, run_vmap_case, vmap_axes
 from onnax.errors import UnsupportedOperatorError
 from onnax.rules.shape import _clamp
-from oracles import check_adjoint, check_jvp, check_vjp, run, session
+from oracles import check_adjoint, check_jvp, check_vjp, check_vmap, run, session
 
 
 def i64(*values: int) -> np.ndarray:
@@ -573,3 +573,377 @@ def test_emitted_operators_have_rules() -> None:
                     if jvp_rules.lookup(n.domain, n.op_type, opset) is None:
                         missing.add((n.op_type, opset))
     assert not missing, sorted(missing)
+
+
+# ----------------------------------------------------------------------------------- vmap
+def shape_like_inputs(m: ir.Model) -> list[str]:
+    """Integer graph inputs: in these cases they are shapes, axes, pads, bounds or repeats."""
+    ints = (ir.DataType.INT64, ir.DataType.INT32)
+    return [v.name for v in m.graph.inputs if v.dtype in ints]
+
+
+def shared(m: ir.Model, axes: tuple[int | None, ...], names: list[str]) -> tuple[int | None, ...]:
+    inputs = [v.name for v in m.graph.inputs]
+    return tuple(None if n in names else a for n, a in zip(inputs, axes, strict=True))
+
+
+# Every input of Range decides the length of its result: refused whatever is batched.
+VMAP_REFUSED = {"range", "range_negative_delta"}
+
+
+@pytest.mark.parametrize(("case", "dtype", "opset"), parametrize(CASES), ids=case_id)
+def test_vmap(case: Case, dtype: str, opset: int) -> None:
+    m = case.model(dtype, opset)
+    if case.name in VMAP_REFUSED:
+        for axes in vmap_axes(m).values():
+            with pytest.raises(UnsupportedOperatorError, match="Range"):
+                onnax.vmap(m, in_axes=axes)
+        return
+    names = shape_like_inputs(m)
+    if not names:
+        run_vmap_case(case, dtype, opset)
+        return
+    # Shape-like inputs batched (identical copies in the all-batched variants) are refused:
+    # nothing proves the copies equal. Shared, every variant works.
+    feeds = case.feeds(m)
+    for axes in vmap_axes(m).values():
+        if shared(m, axes, names) != axes:
+            with pytest.raises(UnsupportedOperatorError, match="in_axes None"):
+                onnax.vmap(m, in_axes=axes)
+        check_vmap(m, feeds, in_axes=shared(m, axes, names))
+    check_vmap(m, feeds, in_axes=shared(m, (0,) * len(m.graph.inputs), names), out_axes=-1)
+
+
+TARGETED = [
+    Case(
+        # A 0 in the middle copies the input's dimension at the same position.
+        "reshape_zero_and_minus_one",
+        "g ({T}[4, 3, 2] X) => ({T}[2, 3, 4] Y) { s = Constant <value = int64[3] {2, 0, -1}> ()\n"
+        " Y = Reshape(X, s) }",
+        opsets=(11, 14, 21),
+    ),
+    Case(
+        "reshape_zero_symbolic",
+        "g ({T}[N, 3, 2] X) => ({T}[N, 3, 2] Y) { s = Constant <value = int64[3] {0, -1, 2}> ()\n"
+        " Y = Reshape(X, s) }",
+        opsets=(13,),
+    ),
+    Case(
+        # allowzero=1: a 0 is a zero-size dimension (the data is empty).
+        "reshape_allowzero_empty",
+        "g ({T}[2, 0, 3] X) => ({T}[0, 3, 5] Y) { s = Constant <value = int64[3] {0, 3, 5}> ()\n"
+        " Y = Reshape <allowzero = 1> (X, s) }",
+        opsets=(14, 21),
+    ),
+    Case(
+        "reshape_to_scalar",
+        "g ({T}[1, 1] X) => ({T} Y) { s = Constant <value = int64[0] {}> ()\n Y = Reshape(X, s) }",
+        opsets=(13,),
+    ),
+    Case(
+        "reshape_shared_shape_input",
+        "g ({T}[N, 6] X, int64[3] s) => ({T}[A, B, C] Y) { Y = Reshape(X, s) }",
+        fixed={"s": i64(-1, 2, 3)},
+        opsets=(13,),
+    ),
+    Case(
+        "expand_shape_longer",
+        "g ({T}[2, 1] X) => ({T}[3, 2, 4] Y) { s = Constant <value = int64[3] {3, 1, 4}> ()\n"
+        " Y = Expand(X, s) }",
+        opsets=(11, 13),
+    ),
+    Case(
+        "expand_shape_shorter",
+        "g ({T}[2, 3, 1] X) => ({T}[2, 3, 4] Y) { s = Constant <value = int64[1] {4}> ()\n"
+        " Y = Expand(X, s) }",
+        opsets=(13,),
+    ),
+    Case(
+        "expand_ones_in_shape",
+        "g ({T}[N, 3] X) => ({T}[N, 3] Y) { s = Constant <value = int64[2] {1, 1}> ()\n Y = Expand(X, s) }",
+        opsets=(13,),
+    ),
+    Case(
+        # The target comes from another batched input's Shape (unbatched under vmap).
+        "expand_to_shape_of",
+        "g ({T}[N, 1] X, {T}[2, N, 4] Z) => ({T}[2, N, 4] Y) { s = Shape(Z)\n Y = Expand(X, s) }",
+        opsets=(13, 21),
+    ),
+    Case(
+        # The length of the shape is unknown statically; the result's rank is known.
+        "expand_runtime_length",
+        "g ({T}[2, 1] X, int64[K] s) => ({T}[A, B, C] Y) { Y = Expand(X, s) }",
+        fixed={"s": i64(3, 1, 4)},
+        opsets=(13,),
+    ),
+    Case(
+        "flatten_static",
+        "g ({T}[2, 3, 4] X) => ({T}[6, 4] Y) { Y = Flatten <axis = 2> (X) }",
+        opsets=(11, 21),
+    ),
+    Case(
+        "flatten_static_axis0",
+        "g ({T}[2, 3, 4] X) => ({T}[1, 24] Y) { Y = Flatten <axis = 0> (X) }",
+        opsets=(13,),
+    ),
+    Case(
+        "flatten_symbolic_back",
+        "g ({T}[2, 3, N] X) => ({T}[2, M] Y) { Y = Flatten <axis = 1> (X) }",
+        opsets=(13,),
+    ),
+    Case(
+        # Without axes and with a symbolic dimension: the size-1 axes are found at run time.
+        "squeeze_all_symbolic",
+        "g ({T}[N, 1, 3, 1] X) => ({T}[N, 3] Y) { Y = Squeeze(X) }",
+        opsets=(13, 21),
+    ),
+    Case(
+        "unsqueeze_runtime_axes",
+        "g ({T}[N, 3] X, int64[2] a) => ({T}[A, B, C, D] Y) { Y = Unsqueeze(X, a) }",
+        fixed={"a": i64(0, -1)},
+        opsets=(13,),
+    ),
+    Case(
+        "unsqueeze_runtime_axes_unknown_length",
+        "g ({T}[N, 3] X, int64[K] a) => ({T}[A, B, C, D] Y) { Y = Unsqueeze(X, a) }",
+        fixed={"a": i64(-1, 1)},
+        opsets=(13,),
+    ),
+    Case(
+        "slice_runtime_unknown_length_int32",
+        "g ({T}[N, 7] X, int32[K] b, int32[K] e) => ({T}[A, B] Y) { Y = Slice(X, b, e) }",
+        fixed={"b": np.array([1, -3], np.int32), "e": np.array([100, 7], np.int32)},
+        opsets=(13,),
+    ),
+    Case(
+        "pad_edge_with_value",
+        "g ({T}[N, 3] X, {T} v) => ({T}[K, L] Y) { p = Constant <value = int64[4] {1, 0, 0, 2}> ()\n"
+        ' Y = Pad <mode = "edge"> (X, p, v) }',
+        opsets=(13,),
+    ),
+    Case(
+        "dropout_ratio_input",
+        "g ({T}[N, 3] X, {T} r) => ({T}[N, 3] Y, bool[N, 3] M) { Y, M = Dropout(X, r) }",
+        # The ratio must stay in [0, 1) under vmap's perturbation of the examples.
+        fixed={"r": np.array(0.5)},
+        opsets=(13,),
+    ),
+]
+
+
+@pytest.mark.parametrize(("case", "dtype", "opset"), parametrize(TARGETED), ids=case_id)
+def test_vmap_targeted(case: Case, dtype: str, opset: int) -> None:
+    test_vmap(case, dtype, opset)
+    m = case.model(dtype, opset)
+    feeds = case.feeds(m)
+    names = shape_like_inputs(m)
+    # Only the second input batched (a batched value against shared data, where there is one).
+    if len(m.graph.inputs) > 1 and m.graph.inputs[1].name not in names:
+        axes = tuple(0 if i == 1 else None for i in range(len(m.graph.inputs)))
+        check_vmap(m, feeds, in_axes=axes)
+
+
+@pytest.mark.parametrize("name", ["squeeze_all", "squeeze_all_symbolic", "flatten_static"])
+def test_vmap_batch_of_one_keeps_batch_axis(name: str) -> None:
+    # Squeeze without axes must never squeeze the batch axis, even of size 1.
+    case = {c.name: c for c in CASES + TARGETED}[name]
+    m = case.model("double", 13)
+    check_vmap(m, case.feeds(m), batch=1)
+    check_vmap(m, case.feeds(m), batch=1, axis_size=1)
+
+
+def test_vmap_reshape_keeps_shape_constant() -> None:
+    # A hard-coded reshape gets the batch size prepended; the constant shape is not batched.
+    m = TARGETED[0].model("double", 13)
+    v = onnax.vmap(m)
+    assert [n.op_type for n in v.graph if n.op_type == "Reshape"] == ["Reshape"]
+    got = run(v, {"X": np.arange(48.0).reshape(2, 4, 3, 2)})["Y"]
+    np.testing.assert_array_equal(got, np.arange(48.0).reshape(2, 2, 3, 4))
+
+
+REFUSALS = [
+    # (model text, in_axes, fragments of the message)
+    (
+        "g (double[6] X, int64[2] s) => (double[A, B] Y) { Y = Reshape(X, s) }",
+        (0, 0),
+        ["ai.onnx::Reshape", "'Y'", "target shape", "'s'"],
+    ),
+    (
+        # The shape is computed from batched data: different per example.
+        "g (double[6] X, double[2] V) => (double[A, B] Y) { s = Cast <to = 7> (V)\n Y = Reshape(X, s) }",
+        (None, 0),
+        ["ai.onnx::Reshape", "target shape", "input 1 's'"],
+    ),
+    (
+        "g (double[2, 1] X, int64[2] s) => (double[A, B] Y) { Y = Expand(X, s) }",
+        (None, 0),
+        ["ai.onnx::Expand", "target shape", "'s'"],
+    ),
+    (
+        "g (double[4, 1] X, int64[1] a) => (double[4] Y) { Y = Squeeze(X, a) }",
+        (0, 0),
+        ["ai.onnx::Squeeze", "axes", "'a'"],
+    ),
+    (
+        "g (double[4] X, int64[1] a) => (double[4, 1] Y) { Y = Unsqueeze(X, a) }",
+        (0, 0),
+        ["ai.onnx::Unsqueeze", "axes", "'a'"],
+    ),
+    (
+        "g (double[6] X, int64[2] s) => (double[A] Y0, double[B] Y1) { Y0, Y1 = Split(X, s) }",
+        (0, 0),
+        ["ai.onnx::Split", "split sizes", "'s'"],
+    ),
+    (
+        "g (double[6] X, int64[1] b, int64[1] e) => (double[A] Y) { Y = Slice(X, b, e) }",
+        (0, None, 0),
+        ["ai.onnx::Slice", "ends", "'e'"],
+    ),
+    (
+        "g (double[6] X, int64[2] p) => (double[A] Y) { Y = Pad(X, p) }",
+        (None, 0),
+        ["ai.onnx::Pad", "pads", "'p'"],
+    ),
+    (
+        "g (double[6] X, int64[1] r) => (double[A] Y) { Y = Tile(X, r) }",
+        (0, 0),
+        ["ai.onnx::Tile", "repeats", "'r'"],
+    ),
+    (
+        "g (int64[2] s) => (double[A, B] Y) { Y = ConstantOfShape <value = double[1] {1.0}> (s) }",
+        0,
+        ["ai.onnx::ConstantOfShape", "shape", "'s'"],
+    ),
+    (
+        "g (double s, double l, double d) => (double[K] Y) { Y = Range(s, l, d) }",
+        (None, 0, None),
+        ["ai.onnx::Range", "limit", "'l'", "length"],
+    ),
+]
+
+
+@pytest.mark.parametrize(("text", "in_axes", "fragments"), REFUSALS, ids=lambda p: str(p)[:30])
+def test_vmap_refuses_batched_shape_inputs(
+    text: str, in_axes: object, fragments: list[str]
+) -> None:
+    with pytest.raises(UnsupportedOperatorError) as err:
+        onnax.vmap(model(text, 13), in_axes=in_axes)
+    message = str(err.value)
+    for fragment in [*fragments, "vmap", "Remedy", "in_axes None"]:
+        assert fragment in message, (fragment, message)
+
+
+def test_vmap_squeeze_symbolic_without_axes_refused_before_13() -> None:
+    m = model("g (double[N, 1, 3] X) => (double[K] Y) { Y = Squeeze(X) }", 11)
+    with pytest.raises(UnsupportedOperatorError) as err:
+        onnax.vmap(m)
+    message = str(err.value)
+    assert "ai.onnx::Squeeze" in message and "'N'" in message and "'X'" in message
+    assert "explicit axes" in message and "opset 13" in message
+
+
+DROPOUT_TRAINING = (
+    "g (double[N, 50] X) => (double[N, 50] Y, bool[N, 50] M) { r = Constant <value = double {0.5}> ()\n"
+    " t = Constant <value = bool {1}> ()\n Y, M = Dropout(X, r, t) }"
+)
+
+
+def test_vmap_dropout_training_follows_randomness() -> None:
+    m = model(DROPOUT_TRAINING, 13)
+    with pytest.raises(UnsupportedOperatorError) as err:
+        onnax.vmap(m)
+    message = str(err.value)
+    assert "ai.onnx::Dropout" in message and "training_mode" in message
+    assert "randomness='different'" in message and "randomness='same'" in message
+    x = np.ones((4, 2, 50))
+    for policy in ("different", "same"):
+        got = run(onnax.vmap(m, randomness=policy), {"X": x})
+        y, mask = got["Y"], got["M"]
+        assert y.shape == x.shape and mask.shape == x.shape
+        np.testing.assert_allclose(y, np.where(mask, 2.0, 0.0))
+        same = all(np.array_equal(mask[0], mask[b]) for b in range(4))
+        assert same == (policy == "same")
+
+
+# vmap of derivative models: the primal inputs and per-example tangents/cotangents batched
+# (shape-like inputs shared), and only the seeds batched (many directions in one pass).
+DERIVATIVES = [
+    ("reshape_runtime_shape", 13),
+    ("squeeze_all", 21),
+    ("concat_partial", 13),
+    ("slice_runtime", 13),
+    ("pad_constant_value", 11),
+    ("pad_reflect", 18),
+    ("tile_runtime", 13),
+    ("layout_chain", 11),
+    ("layout_chain_dynamic", 21),
+]
+
+
+@pytest.mark.parametrize(("name", "opset"), DERIVATIVES)
+@pytest.mark.parametrize("kind", ["jvp", "vjp"])
+def test_vmap_of_derivative_models(name: str, opset: int, kind: str) -> None:
+    case = BY_NAME[name]
+    m = case.model("double", opset)
+    d = onnax.jvp(m, case.inputs) if kind == "jvp" else onnax.vjp(m, case.inputs)
+    feeds = case.feeds(m)
+    primal = run(m, feeds)
+    rng = np.random.default_rng(5)
+    n_primal = len(m.graph.inputs)
+    for v in list(d.graph.inputs)[n_primal:]:
+        like = v.name.split("_", 1)[1]
+        shape = feeds[like].shape if like in feeds else primal[like].shape
+        feeds[v.name] = rng.standard_normal(shape)
+    names = shape_like_inputs(d)
+    check_vmap(d, feeds, in_axes=shared(d, (0,) * len(d.graph.inputs), names))
+    seeds_only = tuple(None if i < n_primal else -1 for i in range(len(d.graph.inputs)))
+    check_vmap(d, feeds, in_axes=seeds_only, out_axes=-1)
+
+
+# Variants run_vmap_case does not cover: only a later input batched, the data shared.
+ONE_BATCHED = [
+    ("pad_constant_value", 11, (None, 0)),
+    ("pad_constant_value", 21, (None, -1)),
+    ("pad_axes", 18, (None, 0)),
+    ("pad_runtime_constant", 13, (None, None, 0)),
+    ("concat_symbolic_axis", 13, (None, 0, None)),
+    ("concat_then_split", 11, (None, 1)),
+    ("layout_chain", 11, (None, 0)),
+]
+
+
+@pytest.mark.parametrize(("name", "opset", "in_axes"), ONE_BATCHED)
+def test_vmap_shared_data(name: str, opset: int, in_axes: tuple[int | None, ...]) -> None:
+    case = BY_NAME[name]
+    m = case.model("double", opset)
+    check_vmap(m, case.feeds(m), in_axes=in_axes)
+
+
+# Derivatives of vmapped models: the operators the batch rules emit (Where, NonZero, Range,
+# ReduceProd on shapes, Cast...) must themselves be differentiable.
+VMAPPED = [
+    ("pad_constant_value", 11),
+    ("pad_axes", 21),
+    ("squeeze_all_symbolic", 13),
+    ("flatten_symbolic_back", 13),
+    ("expand_runtime_length", 13),
+    ("slice_runtime_unknown_length_int32", 13),
+    ("unsqueeze_runtime_axes_unknown_length", 13),
+    ("layout_chain_dynamic", 13),
+]
+
+
+@pytest.mark.parametrize(("name", "opset"), VMAPPED)
+def test_derivatives_of_vmapped_models(name: str, opset: int) -> None:
+    case = {c.name: c for c in CASES + TARGETED}[name]
+    m = case.model("double", opset)
+    feeds = case.feeds(m)
+    names = shape_like_inputs(m)
+    v = onnax.vmap(m, in_axes=shared(m, (0,) * len(m.graph.inputs), names))
+    rng = np.random.default_rng(4)
+    batched = {
+        k: a if k in names else np.stack([a + 0.1 * rng.standard_normal(a.shape) for _ in range(2)])
+        for k, a in feeds.items()
+    }
+    check_jvp(v, batched)
+    check_vjp(v, batched)

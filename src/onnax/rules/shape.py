@@ -22,6 +22,15 @@ tangent and the transpose undoes the layout change:
 
 Parameters that are only known at run time (shapes, pads, slice bounds, axes) are handled with
 shape arithmetic on primal values, so a dynamic dimension survives into the derivative model.
+
+Batch rules (vmap) keep the batch axis first and rewrite each operator's parameters for one more
+leading axis: axes are shifted past it (also at run time, for axes given as inputs), Transpose's
+perm gains a leading 0, Pad a zero pad, Tile a repeat of 1, and the shape consumers (Reshape,
+Expand, Flatten) get the batch size prepended to the shape of one example, which vmap keeps
+unbatched (``Shape`` returns one example's shape). A shape-like input (target shape, axes, pads,
+bounds, repeats, split sizes, Range's operands) that is itself batched could give each example a
+different output shape: it is refused, naming the node and the input. Constant-mode Pad with a
+batched padding value is a Where between the zero-padded data and each example's value.
 """
 
 from __future__ import annotations
@@ -33,14 +42,24 @@ import numpy as np
 import onnx_ir as ir
 
 from onnax.core.attrs import const_ints, int_attr, ints_attr, ints_param
+from onnax.core.batching import Batcher, shift_axes
 from onnax.core.diagnostics import node_label, op_label
 from onnax.core.emit import Emitter, InternalRuleError
-from onnax.core.registry import JvpRule, TransposeRule, jvp_rules, transpose_rules
+from onnax.core.registry import (
+    BatchRule,
+    JvpRule,
+    TransposeRule,
+    batch_rules,
+    jvp_rules,
+    transpose_rules,
+)
 from onnax.core.shapes import unbroadcast
 from onnax.errors import UnsupportedOperatorError
-from onnax.rules._patterns import register_zero
+from onnax.rules._patterns import attributes_of, register_zero
 
 Tangents = Sequence[ir.Value | None]
+Args = Sequence[ir.Value | None]
+BatchResult = tuple[list[ir.Value | None], list[bool]]
 Param = int | ir.Value
 """A per-axis integer: a Python int when static, else a 1-D int64 Value holding one element."""
 
@@ -195,6 +214,100 @@ def _move_back(em: Emitter, x: ir.Value, axis: int, rank: int) -> ir.Value:
     return em.transpose(x, [int(i) for i in np.argsort(perm)])
 
 
+# ------------------------------------------------------------------------ batch helpers
+def _register_batch(op_type: str, versions: Iterable[int], rule: BatchRule) -> None:
+    for v in versions:
+        batch_rules.add(op_type, rule, since_version=v)
+
+
+def _input_name(node: ir.Node, args: Args, index: int) -> str:
+    """The user-facing name of input ``index``, for messages.
+
+    vmap hands the name of a batched graph input over to the new input (the original loses
+    it), which reaches the rule directly or through the Transpose moving its batch axis to 0.
+    """
+    original = node.inputs[index] if index < len(node.inputs) else None
+    if original is not None and original.name:
+        return original.name
+    arg = args[index] if index < len(args) else None
+    if arg is not None and arg.name and arg.is_graph_input():
+        return arg.name
+    producer = arg.producer() if arg is not None else None
+    if producer is not None and producer.op_type == "Transpose" and producer.inputs:
+        source = producer.inputs[0]
+        if source is not None and source.name and source.is_graph_input():
+            return source.name
+    return f"#{index}"
+
+
+def _refuse_batched(
+    bx: Batcher,
+    node: ir.Node,
+    args: Args,
+    batched: Sequence[bool],
+    roles: dict[int, str],
+    why: str = (
+        "its value decides the shape of the result, so each example could get a different "
+        "shape, which one batched tensor cannot hold"
+    ),
+) -> None:
+    """Raises when an input listed in ``roles`` (index: what it is) is batched."""
+    for index, role in roles.items():
+        if index < len(batched) and batched[index]:
+            raise UnsupportedOperatorError(
+                f"vmap: {op_label(node)} at opset {bx.opset} ({node_label(node)}) gets a batched "
+                f"{role} (input {index} {_input_name(node, args, index)!r}): {why}. Remedy: give "
+                "the inputs it is computed from in_axes None (shared), so that every example uses "
+                f"the same {role}."
+            )
+
+
+def _data(args: Args) -> ir.Value:
+    x = args[0]
+    if x is None:
+        raise InternalRuleError("batch rule: the data input is missing")
+    return x
+
+
+def _original(node: ir.Node, index: int = 0) -> ir.Value:
+    """An original (unbatched) input: read its rank and static dims only, never its value."""
+    value = node.inputs[index]
+    if value is None:
+        raise InternalRuleError(f"{op_label(node)}: input {index} is missing")
+    return value
+
+
+def _ints_like(bx: Batcher, values: Sequence[int], like: ir.Value | None) -> ir.Value:
+    """A 1-D integer constant in the element type of ``like`` (int32 or int64 indices)."""
+    dtype = like.dtype if like is not None and like.dtype is not None else ir.DataType.INT64
+    return bx.const(np.array(list(values), dtype=dtype.numpy()))
+
+
+def _shift_runtime_axes(bx: Batcher, axes: ir.Value, rank: int | ir.Value) -> ir.Value:
+    """Run-time axes normalised and shifted past the batch axis, in their own integer type.
+
+    ``rank`` (an int, or a 1-element int64 vector) is what negative axes count back from.
+    """
+    dtype = axes.dtype if axes.dtype is not None else ir.DataType.INT64
+    np_dtype = dtype.numpy()
+    if isinstance(rank, int):
+        rank_v = bx.const(np.array(rank, dtype=np_dtype))
+    else:
+        rank_v = rank if dtype == ir.DataType.INT64 else bx.op("Cast", [rank], {"to": dtype})
+    zero, one = bx.const(np.array(0, np_dtype)), bx.const(np.array(1, np_dtype))
+    negative = bx.op("Less", [axes, zero])
+    normalized = bx.op("Where", [negative, bx.op("Add", [axes, rank_v]), axes])
+    return bx.op("Add", [normalized, one])
+
+
+def _vector_length(value: ir.Value | None) -> int | None:
+    """The static length of a 1-D value, or None."""
+    if value is None or value.shape is None or value.shape.rank() != 1:
+        return None
+    n = value.shape.dims[0]
+    return n if isinstance(n, int) else None
+
+
 # ------------------------------------------------------------------------------ Expand
 def _expand_jvp(em: Emitter, node: ir.Node, tangents: Tangents) -> list[ir.Value | None]:
     t = tangents[0]
@@ -210,6 +323,45 @@ def _expand_transpose(
 
 
 _register("Expand", (8, 13), _expand_jvp, _expand_transpose)
+
+
+def _expand_batch(bx: Batcher, node: ir.Node, args: Args, batched: Sequence[bool]) -> BatchResult:
+    """Expand of batched data to ``[B, 1 ... 1, *shape]``, the data aligned to the result rank.
+
+    Expand broadcasts right-aligned, so one example of rank ``r`` against a shape of length
+    ``s`` gives rank ``R = max(r, s)``. The data gets size-1 axes after the batch axis up to
+    ``1 + R`` dimensions and the target is the shape padded with leading ones to ``R``, so the
+    batch axis meets the batch size and every other axis lines up as in one example.
+    """
+    _refuse_batched(bx, node, args, batched, {1: "target shape"})
+    x, shape = _data(args), args[1]
+    assert shape is not None
+    r = bx.rank(_original(node))
+    s = _vector_length(shape)
+    if s is None:
+        # The length of the shape is only known at run time; the rank of the result may be.
+        y = node.outputs[0]
+        if y.shape is None or y.shape.rank() < r:
+            raise UnsupportedOperatorError(
+                f"vmap: {op_label(node)} at opset {bx.opset} ({node_label(node)}): the length of "
+                f"its shape input {shape.name!r} and the rank of its result are unknown after "
+                "shape inference, and batching needs the rank to line the batch axis up. Remedy: "
+                "give the shape input a static length (e.g. build it with Concat of 1-D pieces)."
+            )
+        rank_out = y.shape.rank()
+        ones = bx.op(
+            "Expand", [bx.ints([1]), bx.op("Sub", [bx.ints([rank_out]), bx.op("Shape", [shape])])]
+        )
+        target = bx.op("Concat", [bx.batch_size, ones, shape], {"axis": 0})
+    else:
+        rank_out = max(r, s)
+        lead = [bx.batch_size] + ([bx.ints([1] * (rank_out - s))] if rank_out > s else [])
+        target = bx.op("Concat", [*lead, shape], {"axis": 0})
+    aligned = bx.align(x, True, _original(node), rank_out)
+    return [bx.op("Expand", [aligned, target])], [True]
+
+
+_register_batch("Expand", (8, 13), _expand_batch)
 
 
 # ----------------------------------------------------------- same operator on the tangent
@@ -237,6 +389,54 @@ _register("Reshape", (5, 13, 14, 19, 21, 23, 24, 25), _same_op_jvp, _reshape_bac
 _register("Flatten", (9, 11, 13, 21, 23, 24, 25), _same_op_jvp, _reshape_back_transpose)
 
 
+def _reshape_batch(bx: Batcher, node: ir.Node, args: Args, batched: Sequence[bool]) -> BatchResult:
+    """Reshape of batched data to ``Concat(batch size, shape)``.
+
+    The shape input is the one of a single example (a constant, or Shape arithmetic, which vmap
+    keeps unbatched). A 0 copies the input dimension at the same position (allowzero=0): with
+    the batch axis prepended to both, position ``i`` becomes ``i + 1`` on both sides, so the
+    copy still reads the right dimension; -1 still absorbs what remains of one example.
+    """
+    _refuse_batched(bx, node, args, batched, {1: "target shape"})
+    x, shape = _data(args), args[1]
+    assert shape is not None
+    target = bx.op("Concat", [bx.batch_size, shape], {"axis": 0})
+    return [bx.op("Reshape", [x, target], attributes_of(node))], [True]
+
+
+def _flatten_batch(bx: Batcher, node: ir.Node, args: Args, batched: Sequence[bool]) -> BatchResult:
+    """Reshape to ``[B, prod(dims[:axis]), prod(dims[axis:])]``, one example's Flatten.
+
+    The products are computed at run time when a dimension is symbolic.
+    """
+    x, original = _data(args), _original(node)
+    r = bx.rank(original)
+    axis = _norm_axis(int_attr(node, "axis", 1), r)
+    assert original.shape is not None
+    dims = list(original.shape.dims)
+    static = [d for d in dims if isinstance(d, int)]
+    if len(static) == r:
+        front = int(np.prod(static[:axis], dtype=np.int64))
+        back = int(np.prod(static[axis:], dtype=np.int64))
+        if front > 0 and back > 0:
+            # Reshape's 0 copies the batch dimension: no run-time batch size needed.
+            return [bx.op("Reshape", [x, bx.ints([0, front, back])])], [True]
+    shape = bx.unbatched_shape(x, True, original)
+
+    def product(start: int, end: int) -> ir.Value:
+        if start == end:
+            return bx.ints([1])
+        part = bx.slice(shape, [start], [end], [0])
+        return bx.reduce("ReduceProd", part, None, keepdims=True)
+
+    target = bx.op("Concat", [bx.batch_size, product(0, axis), product(axis, r)], {"axis": 0})
+    return [bx.op("Reshape", [x, target])], [True]
+
+
+_register_batch("Reshape", (5, 13, 14, 19, 21, 23, 24, 25), _reshape_batch)
+_register_batch("Flatten", (9, 11, 13, 21, 23, 24, 25), _flatten_batch)
+
+
 # ------------------------------------------------------------------------------ Transpose
 def _transpose_transpose(
     em: Emitter, node: ir.Node, cts: Tangents, linear: Sequence[bool]
@@ -251,6 +451,21 @@ def _transpose_transpose(
 
 
 _register("Transpose", (1, 13, 21, 23, 24, 25), _same_op_jvp, _transpose_transpose)
+
+
+def _transpose_batch(
+    bx: Batcher, node: ir.Node, args: Args, batched: Sequence[bool]
+) -> BatchResult:
+    """The batch axis stays first: ``perm' = [0] + [p + 1 for p in perm]``."""
+    r = bx.rank(_original(node))
+    perm = ints_attr(node, "perm")
+    if perm is None:
+        perm = list(range(r - 1, -1, -1))
+    new_perm = [0, *shift_axes(perm, r)]
+    return [bx.op("Transpose", [_data(args)], {"perm": new_perm})], [True]
+
+
+_register_batch("Transpose", (1, 13, 21, 23, 24, 25), _transpose_batch)
 
 
 # --------------------------------------------------------------------- Squeeze / Unsqueeze
@@ -278,6 +493,69 @@ def _squeeze_transpose(
 
 for _op in ("Squeeze", "Unsqueeze"):
     _register(_op, (11, 13, 21, 23, 24, 25), _same_op_jvp, _squeeze_transpose)
+
+
+def _squeeze_batch(bx: Batcher, node: ir.Node, args: Args, batched: Sequence[bool]) -> BatchResult:
+    """Squeeze with its axes shifted past the batch axis.
+
+    Negative axes count from the back of one example (its rank ``r``). Run-time axes are shifted
+    at run time. Without axes every size-1 dimension of an example goes, never the batch axis
+    (whose size may be 1): the axes are listed explicitly, from the static shape, or at run time
+    as the positions where the example's shape is 1 (which needs axes as an input, opset 13).
+    """
+    _refuse_batched(bx, node, args, batched, {1: "axes"})
+    x, original = _data(args), _original(node)
+    r = bx.rank(original)
+    axes = ints_param(node, "axes", 1)
+    if isinstance(axes, ir.Value):
+        return [bx.op("Squeeze", [x, _shift_runtime_axes(bx, axes, r)])], [True]
+    if axes:
+        return [bx.squeeze(x, shift_axes(axes, r))], [True]
+    assert original.shape is not None
+    dims = list(original.shape.dims)
+    if all(isinstance(d, int) for d in dims):
+        ones = [i + 1 for i, d in enumerate(dims) if d == 1]
+        return [bx.squeeze(x, ones) if ones else bx.op("Identity", [x])], [True]
+    if bx.opset < 13:
+        unknown = [str(d) for d in dims if not isinstance(d, int)]
+        raise UnsupportedOperatorError(
+            f"vmap: {op_label(node)} at opset {bx.opset} ({node_label(node)}) has no axes and "
+            f"its input {original.name!r} has symbolic dimensions {unknown}: which of them are 1 "
+            "is only known at run time, and before opset 13 Squeeze takes its axes as a static "
+            "attribute (the batch axis, which may have size 1 too, must never be squeezed). "
+            "Remedy: give the Squeeze explicit axes, or convert the model to opset 13 or newer."
+        )
+    shape = bx.unbatched_shape(x, True, original)
+    where_one = bx.op("NonZero", [bx.op("Equal", [shape, bx.ints([1])])])
+    positions = bx.op("Reshape", [where_one, bx.ints([-1])])
+    return [bx.op("Squeeze", [x, bx.op("Add", [positions, bx.ints([1])])])], [True]
+
+
+def _unsqueeze_batch(
+    bx: Batcher, node: ir.Node, args: Args, batched: Sequence[bool]
+) -> BatchResult:
+    """Unsqueeze with its axes shifted past the batch axis.
+
+    Unsqueeze's axes refer to the *output* of one example, of rank ``r + len(axes)``, which is
+    what negative axes are normalised against.
+    """
+    _refuse_batched(bx, node, args, batched, {1: "axes"})
+    x, original = _data(args), _original(node)
+    r = bx.rank(original)
+    axes = ints_param(node, "axes", 1)
+    if axes is None:
+        raise InternalRuleError(f"{op_label(node)} ({node_label(node)}) has no axes")
+    if not isinstance(axes, ir.Value):
+        return [bx.unsqueeze(x, shift_axes(axes, r + len(axes)))], [True]
+    n = _vector_length(axes)
+    out_rank: int | ir.Value = (
+        r + n if n is not None else bx.op("Add", [bx.ints([r]), bx.op("Shape", [axes])])
+    )
+    return [bx.op("Unsqueeze", [x, _shift_runtime_axes(bx, axes, out_rank)])], [True]
+
+
+_register_batch("Squeeze", (11, 13, 21, 23, 24, 25), _squeeze_batch)
+_register_batch("Unsqueeze", (11, 13, 21, 23, 24, 25), _unsqueeze_batch)
 
 
 # ------------------------------------------------------------------------------ Concat
@@ -317,6 +595,24 @@ def _concat_transpose(
 _register("Concat", (4, 11, 13), _concat_jvp, _concat_transpose)
 
 
+def _concat_batch(bx: Batcher, node: ir.Node, args: Args, batched: Sequence[bool]) -> BatchResult:
+    """Concat along the shifted axis; shared inputs are broadcast along the batch axis first."""
+    known = [v for v in (*node.inputs, node.outputs[0]) if v is not None and v.shape is not None]
+    if not known:
+        raise InternalRuleError(f"vmap: the rank of {op_label(node)}'s inputs is unknown")
+    r = bx.rank(known[0])
+    axis = shift_axes([int_attr(node, "axis", 0)], r)[0]
+    parts = [
+        bx.materialize(a, b, v)
+        for a, b, v in zip(args, batched, node.inputs, strict=True)
+        if a is not None and v is not None
+    ]
+    return [bx.op("Concat", parts, attributes_of(node, axis=axis))], [True]
+
+
+_register_batch("Concat", (4, 11, 13), _concat_batch)
+
+
 # ------------------------------------------------------------------------------- Split
 def _split_transpose(
     em: Emitter, node: ir.Node, cts: Tangents, linear: Sequence[bool]
@@ -333,6 +629,23 @@ def _split_transpose(
 
 
 _register("Split", (2, 11, 13, 18), _same_op_jvp, _split_transpose)
+
+
+def _split_batch(bx: Batcher, node: ir.Node, args: Args, batched: Sequence[bool]) -> BatchResult:
+    """Split along the shifted axis; the split sizes (attribute or input) are one example's."""
+    _refuse_batched(bx, node, args, batched, {1: "split sizes"})
+    r = bx.rank(_original(node))
+    axis = shift_axes([int_attr(node, "axis", 0)], r)[0]
+    outs = bx.op_multi(
+        "Split",
+        [_data(args), *args[1:]],
+        attributes_of(node, axis=axis),
+        num_outputs=len(node.outputs),
+    )
+    return list(outs), [True] * len(outs)
+
+
+_register_batch("Split", (2, 11, 13, 18), _split_batch)
 
 
 # ------------------------------------------------------------------------------- Slice
@@ -465,6 +778,46 @@ def _slice_transpose(
 
 
 _register("Slice", (10, 11, 13), _same_op_jvp, _slice_transpose)
+
+
+def _slice_batch(bx: Batcher, node: ir.Node, args: Args, batched: Sequence[bool]) -> BatchResult:
+    """Slice with its axes shifted past the batch axis; the bounds are one example's.
+
+    Omitted axes mean ``range(len(starts))``; they are made explicit (shifted). Index constants
+    take the element type of ``starts``, as Slice requires one integer type for all of them.
+    """
+    roles = {1: "starts", 2: "ends", 3: "axes", 4: "steps"}
+    _refuse_batched(bx, node, args, batched, roles)
+    x, original = _data(args), _original(node)
+    r = bx.rank(original)
+    inputs = list(args) + [None] * (5 - len(args))
+    starts, ends, axes_in, steps = inputs[1], inputs[2], inputs[3], inputs[4]
+    assert starts is not None and ends is not None
+    axes: ir.Value
+    if axes_in is not None:
+        static = const_ints(axes_in)
+        axes = (
+            _ints_like(bx, shift_axes(static, r), starts)
+            if static is not None
+            else _shift_runtime_axes(bx, axes_in, r)
+        )
+    else:
+        n = _vector_length(starts)
+        if n is None:
+            n = len(static_starts) if (static_starts := const_ints(starts)) is not None else None
+        if n is not None:
+            axes = _ints_like(bx, range(1, n + 1), starts)
+        else:
+            # The number of sliced axes is only known at run time: 1, 2, ..., len(starts).
+            one = bx.const(np.array(1, np.int64))
+            count = bx.squeeze(bx.op("Shape", [starts]), [0])
+            axes = bx.op("Range", [one, bx.op("Add", [count, one]), one])
+            if starts.dtype not in (None, ir.DataType.INT64):
+                axes = bx.op("Cast", [axes], {"to": starts.dtype})
+    return [bx.op("Slice", _trim([x, starts, ends, axes, steps]))], [True]
+
+
+_register_batch("Slice", (10, 11, 13), _slice_batch)
 
 
 # ---------------------------------------------------------------------------------- Pad
@@ -622,6 +975,83 @@ def _shape_vector(em: Emitter, dims: Sequence[Param]) -> ir.Value:
 _register("Pad", (11, 13, 18, 19, 21, 23, 24, 25), _pad_jvp, _pad_transpose)
 
 
+def _pad_batch(bx: Batcher, node: ir.Node, args: Args, batched: Sequence[bool]) -> BatchResult:
+    """Pad with no padding on the batch axis.
+
+    Without the axes input the pads are ``[x1_begin, ..., xr_begin, x1_end, ..., xr_end]`` for
+    one example of rank ``r``: a 0 is inserted in front of both halves. With axes (opset 18)
+    only the axes are shifted. A batched padding value (constant mode) cannot be an input of one
+    Pad: the data is padded with zeros and the padded positions, given by padding a tensor of
+    ones, take each example's value through a Where.
+    """
+    _refuse_batched(bx, node, args, batched, {1: "pads", 3: "axes"})
+    x, original = _data(args), _original(node)
+    r = bx.rank(original)
+    inputs = list(args) + [None] * (4 - len(args))
+    pads, value, axes = inputs[1], inputs[2], inputs[3]
+    assert pads is not None
+    value_batched = len(batched) > 2 and batched[2] and value is not None
+    if value_batched and _pad_mode(node) != "constant":
+        # Only constant mode reads the padding value.
+        value, value_batched = None, False
+    if value_batched:
+        assert value is not None
+        return [_pad_batched_value(bx, node, x, batched[0], value)], [True]
+    x = bx.materialize(x, batched[0], original)
+    new_axes: ir.Value | None = None
+    if axes is not None:
+        static_axes = const_ints(axes)
+        new_axes = (
+            _ints_like(bx, shift_axes(static_axes, r), axes)
+            if static_axes is not None
+            else _shift_runtime_axes(bx, axes, r)
+        )
+        new_pads = pads
+    elif (static := const_ints(pads)) is not None:
+        new_pads = bx.ints([0, *static[:r], 0, *static[r:]])
+    else:
+        zero = bx.ints([0])
+        begins = bx.slice(pads, [0], [r], [0])
+        ends = bx.slice(pads, [r], [2 * r], [0])
+        new_pads = bx.op("Concat", [zero, begins, zero, ends], {"axis": 0})
+    return [bx.op("Pad", _trim([x, new_pads, value, new_axes]), attributes_of(node))], [True]
+
+
+def _pad_batched_value(
+    bx: Batcher, node: ir.Node, x: ir.Value, x_batched: bool, value: ir.Value
+) -> ir.Value:
+    """Constant-mode Pad with a batched padding value: ``Where(from data, padded, value)``.
+
+    The pads are one example's and padding is the same for every example, so the data (batched
+    or not) and the mask are padded with the node's own pads, unbatched, where possible: the
+    broadcasting Where puts the batch axis back.
+    """
+    original = _original(node)
+    r = bx.rank(original)
+    pads, axes = node.inputs[1], _pad_input(node, 3)
+    assert x.dtype is not None or original.dtype is not None
+    dtype = original.dtype if original.dtype is not None else x.dtype
+    assert dtype is not None
+    if x_batched:
+        # Pad each example by its own pads: reuse this rule with the default (zero) value.
+        padded = _pad_batch(bx, node, [x, pads, None, axes], [True, False, False, False])[0][0]
+    else:
+        padded = bx.op("Pad", _trim([x, pads, None, axes]))
+    assert padded is not None
+    one = bx.scalar(1.0, dtype)
+    ones = bx.op("Expand", [one, bx.unbatched_shape(x, x_batched, original)])
+    from_data = bx.op(
+        "Cast", [bx.op("Pad", _trim([ones, pads, None, axes]))], {"to": ir.DataType.BOOL}
+    )
+    per_example = bx.op(
+        "Reshape", [value, bx.op("Concat", [bx.batch_size, bx.ints([1] * r)], {"axis": 0})]
+    )
+    return bx.op("Where", [from_data, padded, per_example])
+
+
+_register_batch("Pad", (11, 13, 18, 19, 21, 23, 24, 25), _pad_batch)
+
+
 # ---------------------------------------------------------------------------------- Tile
 def _tile_transpose(
     em: Emitter, node: ir.Node, cts: Tangents, linear: Sequence[bool]
@@ -648,6 +1078,23 @@ def _tile_transpose(
 _register("Tile", (6, 13), _same_op_jvp, _tile_transpose)
 
 
+def _tile_batch(bx: Batcher, node: ir.Node, args: Args, batched: Sequence[bool]) -> BatchResult:
+    """Tile with one repeat for the batch axis: ``repeats' = [1, *repeats]``."""
+    _refuse_batched(bx, node, args, batched, {1: "repeats"})
+    x, repeats = _data(args), args[1]
+    assert repeats is not None
+    static = const_ints(repeats)
+    new = (
+        bx.ints([1, *static])
+        if static is not None
+        else bx.op("Concat", [bx.ints([1]), repeats], {"axis": 0})
+    )
+    return [bx.op("Tile", [x, new])], [True]
+
+
+_register_batch("Tile", (6, 13), _tile_batch)
+
+
 # ------------------------------------------------------------------------------- Dropout
 def _dropout_jvp(em: Emitter, node: ir.Node, tangents: Tangents) -> list[ir.Value | None]:
     # In inference Dropout copies its input; the mask is boolean and has no tangent.
@@ -670,8 +1117,73 @@ for _v in (7, 10, 12, 13, 22):
     jvp_rules.add("Dropout", _dropout_jvp, since_version=_v)
 
 
+def _dropout_batch(bx: Batcher, node: ir.Node, args: Args, batched: Sequence[bool]) -> BatchResult:
+    """Dropout under vmap.
+
+    In inference (no training_mode, or a constant false) Dropout copies its data and its mask
+    is all true, elementwise: it applies to the batched data as it is, without the ratio and
+    training inputs, which then do not matter (even batched). In training mode it draws a random
+    mask, which follows vmap's randomness policy: "different" draws independent masks (Dropout
+    of the batched data), "same" draws one mask for one example and applies it to all.
+    """
+    training = node.inputs[2] if len(node.inputs) > 2 else None
+    flag = ir.convenience.get_const_tensor(training) if training is not None else None
+    inference = training is None or (flag is not None and not bool(flag.numpy().reshape(-1)[0]))
+    original = _original(node)
+    x = bx.materialize(_data(args), batched[0], original)
+    n = len(node.outputs)
+    if inference:
+        outs = bx.op_multi("Dropout", [x], attributes_of(node), num_outputs=n)
+        return list(outs), [True] * n
+    assert training is not None
+    if bx.randomness == "error":
+        found = "computed at run time" if flag is None else "the constant true"
+        raise UnsupportedOperatorError(
+            f"vmap: {op_label(node)} at opset {bx.opset} ({node_label(node)}) may draw a random "
+            f"mask inside the mapped function: its training_mode input {training.name!r} is "
+            f"{found}. Choose how: vmap(..., randomness='different') for an independent mask per "
+            "example, or randomness='same' for one mask shared by all examples; or export the "
+            "model for inference (training_mode absent or a constant false)."
+        )
+    why = "a training-mode Dropout needs one ratio and one training flag for the whole batch"
+    _refuse_batched(bx, node, args, batched, {1: "ratio", 2: "training_mode"}, why)
+    rest = list(args[1:])
+    if bx.randomness == "different":
+        outs = bx.op_multi("Dropout", [x, *rest], attributes_of(node), num_outputs=n)
+        return list(outs), [True] * n
+    # "same": Dropout of ones shaped like one example is the mask scaled by 1 / (1 - ratio).
+    assert original.dtype is not None
+    shape = bx.unbatched_shape(x, True, original)
+    ones = bx.op("Expand", [bx.scalar(1.0, original.dtype), shape])
+    scale, mask = bx.op_multi("Dropout", [ones, *rest], attributes_of(node), num_outputs=2)
+    out: list[ir.Value | None] = [bx.op("Mul", [x, scale])]
+    if n > 1:
+        out.append(bx.materialize(mask, False, node.outputs[1]))
+    return out, [True] * len(out)
+
+
+_register_batch("Dropout", (7, 10, 12, 13, 22), _dropout_batch)
+
+
 # ------------------------------------------------------------------- sources: no tangent
 register_zero(("Constant", "ConstantOfShape"))
+
+
+def _constant_batch(bx: Batcher, node: ir.Node, args: Args, batched: Sequence[bool]) -> BatchResult:
+    """Constant has no inputs, so vmap never batches it: it stays shared."""
+    return list(node.outputs), [False] * len(node.outputs)
+
+
+def _constant_of_shape_batch(
+    bx: Batcher, node: ir.Node, args: Args, batched: Sequence[bool]
+) -> BatchResult:
+    """Refused: the shape input is batched (the result would be ragged)."""
+    _refuse_batched(bx, node, args, batched, {0: "shape"})
+    raise InternalRuleError("ConstantOfShape batch rule called without a batched input")
+
+
+_register_batch("Constant", (1, 9, 11, 12, 13, 19, 21, 23, 24, 25), _constant_batch)
+_register_batch("ConstantOfShape", (9, 20, 21, 23, 24, 25), _constant_of_shape_batch)
 
 
 def _range_jvp(em: Emitter, node: ir.Node, tangents: Tangents) -> list[ir.Value | None]:
@@ -696,3 +1208,21 @@ def _range_jvp(em: Emitter, node: ir.Node, tangents: Tangents) -> list[ir.Value 
 
 for _v in (11, 27):
     jvp_rules.add("Range", _range_jvp, since_version=_v)
+
+
+def _range_batch(bx: Batcher, node: ir.Node, args: Args, batched: Sequence[bool]) -> BatchResult:
+    """Refused: Range's length ``ceil((limit - start) / delta)`` depends on its batched input.
+
+    Whichever of start, limit and delta is batched, each example computes its own length from
+    it (a batched start with shared limit and delta too), and nothing in the graph proves the
+    lengths equal: the batched result would be ragged.
+    """
+    why = (
+        "the length of the result, ceil((limit - start) / delta), is computed from it, so each "
+        "example could get a different length, which one batched tensor cannot hold"
+    )
+    _refuse_batched(bx, node, args, batched, {0: "start", 1: "limit", 2: "delta"}, why)
+    raise InternalRuleError("Range batch rule called without a batched input")
+
+
+_register_batch("Range", (11, 27), _range_batch)
