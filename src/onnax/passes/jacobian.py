@@ -101,7 +101,8 @@ def jacobian_model(
 
     def here(v: ir.Value) -> ir.Value:
         """The value of the mapped model standing for primal input or output ``v``."""
-        return inputs_by_name.get(v.name) or outputs_by_name[v.name]
+        found = inputs_by_name.get(v.name) or graph.initializers.get(str(v.name))
+        return found if found is not None else outputs_by_name[v.name]
 
     sizes = [_numel(em, here(v)) for v in basis_of]
     eye, offsets = _identity_rows(em, sizes, dtype)
@@ -125,11 +126,15 @@ def jacobian_model(
         col_rank = col.shape.rank() if col.shape is not None else 0
         for row, size, offset in zip(basis_of, sizes, offsets, strict=True):
             block = em.slice(mapped_value, offset, em.op("Add", [offset, size]), [0])
-            block = em.transpose(block, [*range(1, col_rank + 1), 0])
-            shape = em.op("Concat", [em.shape(here(col)), em.shape(here(row))], {"axis": 0})
             y, x = (col, row) if mode == "fwd" else (row, col)
+            if mode == "fwd":
+                # [n_x, *Y] -> [*Y, n_x]; reverse mode already has the y rows first.
+                block = em.transpose(block, [*range(1, col_rank + 1), 0])
+            shape = em.op("Concat", [em.shape(here(y)), em.shape(here(x))], {"axis": 0})
             new_outputs.append((em.op("Reshape", [block, shape]), y, x))
     graph.extend(em.take())
+    # Outputs-major order whichever mode built them.
+    new_outputs.sort(key=lambda e: (ys.index(e[1]), xs.index(e[2])))
     for jac, y, x in new_outputs:
         claims.claim(jac, f"{prefix}{y.name}_{x.name}")
         jac.dtype = dtype
