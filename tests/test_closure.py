@@ -18,7 +18,7 @@ import pytest
 import onnax
 import rules as rule_tests
 from cases import Case
-from onnax.core.registry import jvp_rules, transpose_rules
+from onnax.core.registry import batch_rules, jvp_rules, transpose_rules
 from onnax.rules import collect
 
 
@@ -83,3 +83,19 @@ def test_every_operator_applied_to_a_tangent_has_a_transpose_rule(emitted) -> No
         if transpose_rules.lookup("", op, opset) is None
     }
     assert not missing, f"operators applied to tangents without a transpose rule: {missing}"
+
+
+def test_every_operator_with_derivative_rules_has_a_batch_rule() -> None:
+    collect()
+    missing = sorted(op for domain, op in jvp_rules if (domain, op) not in batch_rules)
+    assert not missing, f"operators with jvp rules but no batch rule: {missing}"
+
+
+def test_every_emitted_operator_has_a_batch_rule(emitted) -> None:
+    anywhere, _ = emitted
+    missing = {
+        f"{op}@{opset}": sorted(cases)[:3]
+        for (op, opset), cases in anywhere.items()
+        if batch_rules.lookup("", op, opset) is None
+    }
+    assert not missing, f"operators in derivative models without a batch rule: {missing}"
