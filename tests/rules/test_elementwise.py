@@ -1,11 +1,16 @@
+import contextlib
+import re
+from collections.abc import Iterator, Mapping, Sequence
+
 import numpy as np
 import onnx_ir as ir
 import pytest
 
 import onnax
-from cases import Case, case_id, parametrize, positive, run_case, unit
+from cases import Case, case_id, parametrize, positive, run_case, run_vmap_case, unit, vmap_axes
 from onnax.errors import UnsupportedOperatorError
-from oracles import check_adjoint, check_jvp, check_model_valid, check_vjp, run
+from onnax.rules.zero import ZERO_SINCE
+from oracles import check_adjoint, check_jvp, check_model_valid, check_vjp, check_vmap, run
 
 
 def grid(offset: float):
@@ -385,3 +390,197 @@ def test_cast_to_low_precision_off_the_selected_path_is_fine() -> None:
     check_jvp(model, feeds, ["W"])
     check_vjp(model, feeds, ["W"])
     check_adjoint(model, feeds, ["W"])
+
+
+# ------------------------------------------------------------------------------------ vmap
+# Helpers shared with test_zero.py and test_elementwise_core.py (the same two rule modules).
+
+# Operators whose batch rules live in rules/elementwise.py and rules/zero.py: a missing batch rule
+# for one of them fails; one for another family's operator (met in a case or a derivative model)
+# skips until that family has its rules.
+ELEMENTWISE_OPS = ("Add", "Sub", "Mul", "Div", "Pow", "Sum", "Mean", "Max", "Min", "Mod")
+ELEMENTWISE_OPS += ("Where", "Neg", "Identity", "Cast", "CastLike", "Clip")
+OWN_OPS = frozenset((*ELEMENTWISE_OPS, *ZERO_SINCE, "OneHot"))
+
+
+@contextlib.contextmanager
+def skip_missing_rules() -> Iterator[None]:
+    """Skips while another family's operator lacks its batch rule; a missing own rule fails."""
+    try:
+        yield
+    except UnsupportedOperatorError as err:
+        found = re.search(r"no batch rule for ai\.onnx::(\w+)", str(err))
+        if not found or found.group(1) in OWN_OPS:
+            raise
+        pytest.skip(f"no batch rule yet for {found.group(1)} (another family's module): {err}")
+
+
+def vmap_case(case: Case, dtype: str, opset: int, shared: Sequence[str] = ()) -> None:
+    """``run_vmap_case``, with the inputs named in ``shared`` kept unbatched in every variant
+    (those an operator cannot take batched, such as OneHot's depth)."""
+    with skip_missing_rules():
+        if not shared:
+            run_vmap_case(case, dtype, opset)
+            return
+        model = case.model(dtype, opset)
+        feeds = case.feeds(model)
+        names = [v.name for v in model.graph.inputs if v.name not in model.graph.initializers]
+        for axes in vmap_axes(model).values():
+            in_axes = {n: None if n in shared else a for n, a in zip(names, axes, strict=True)}
+            check_vmap(model, feeds, in_axes=in_axes, out_axes=0)
+        check_vmap(model, feeds, in_axes={n: 0 for n in names if n not in shared}, out_axes=-1)
+
+
+def check_vmap_examples(
+    model: ir.Model, examples: Sequence[Mapping[str, np.ndarray]], in_axes: Mapping[str, int]
+) -> ir.Model:
+    """vmap(model) on explicit per-example feeds against a loop of single runs, stacked at 0.
+
+    Unlike ``check_vmap`` (which batches integer and boolean inputs as identical copies), each
+    example brings its own values of every batched input; inputs absent from ``in_axes`` are
+    shared and taken from the first example.
+    """
+    vm = onnax.vmap(model, in_axes=dict(in_axes), out_axes=0)
+    check_model_valid(vm)
+    singles, feeds = [], {}
+    for v in model.graph.inputs:
+        axis = in_axes.get(v.name)
+        values = [np.asarray(ex[v.name]) for ex in examples]
+        feeds[v.name] = values[0] if axis is None else np.stack(values, axis=axis)
+    for ex in examples:
+        singles.append(
+            run(model, {n: np.asarray(ex[n] if n in in_axes else examples[0][n]) for n in ex})
+        )
+    got = run(vm, feeds)
+    for y in model.graph.outputs:
+        want = np.stack([s[y.name] for s in singles])
+        assert got[y.name].shape == want.shape, (y.name, got[y.name].shape, want.shape)
+        tol = 1e-10 if want.dtype == np.float64 else 1e-5
+        np.testing.assert_allclose(got[y.name], want, rtol=tol, atol=tol, err_msg=y.name)
+    return vm
+
+
+def derivative_feeds(
+    model: ir.Model, derived: ir.Model, feeds: Mapping[str, np.ndarray], seed: int = 1
+) -> dict[str, np.ndarray]:
+    """Feeds of a jvp/vjp model: ``feeds`` plus random ``fwd_<x>`` (x's shape) and ``adj_<y>``
+    (y's shape) inputs."""
+    rng = np.random.default_rng(seed)
+    outputs = run(model, feeds)
+    result = dict(feeds)
+    for v in derived.graph.inputs:
+        if v.name in result:
+            continue
+        base = v.name.split("_", 1)[1]
+        shape = np.shape(feeds[base] if base in feeds else outputs[base])
+        result[v.name] = np.asarray(rng.standard_normal(shape).astype(v.dtype.numpy()))
+    return result
+
+
+def vmap_derivatives(case: Case, dtype: str, opset: int) -> None:
+    """vmap of the case's jvp and vjp models: everything batched, and only the tangents (the
+    columns of the Jacobian) or only the cotangents (its rows) batched."""
+    model = case.model(dtype, opset)
+    feeds = case.feeds(model)
+    with skip_missing_rules():
+        for transform, prefix in ((onnax.jvp, "fwd_"), (onnax.vjp, "adj_")):
+            derived = transform(model, case.inputs)
+            dfeeds = derivative_feeds(model, derived, feeds)
+            check_vmap(derived, dfeeds, in_axes=0)
+            seeds = {v.name: 0 for v in derived.graph.inputs if v.name.startswith(prefix)}
+            check_vmap(derived, dfeeds, in_axes=seeds)
+
+
+@pytest.mark.parametrize(("case", "dtype", "opset"), parametrize(CASES), ids=case_id)
+def test_vmap(case: Case, dtype: str, opset: int) -> None:
+    vmap_case(case, dtype, opset)
+
+
+def _case(name: str) -> Case:
+    return next(c for c in CASES if c.name == name)
+
+
+@pytest.mark.parametrize(
+    ("name", "opset"),
+    [
+        ("pow_broadcast", 15),
+        ("max_variadic", 12),
+        ("clip_both_bounds", 13),
+        ("where_broadcast", 16),
+        ("mod_fmod", 13),
+        ("sum_variadic", 11),
+    ],
+)
+def test_vmap_of_derivatives(name: str, opset: int) -> None:
+    vmap_derivatives(_case(name), "double" if opset % 2 else "float", opset)
+
+
+@pytest.mark.parametrize("opset", [11, 12, 13, 21])
+@pytest.mark.parametrize(
+    "in_axes", [{"Lo": 0}, {"Hi": 0}, {"Lo": 0, "Hi": 0}, {"X": 1, "Lo": 0, "Hi": 0}, {"X": 1}]
+)
+def test_clip_batched_bounds(opset: int, in_axes: dict[str, int]) -> None:
+    # Bounds per example: Max/Min against the aligned bounds (ONNX wants scalar Clip bounds);
+    # only x batched: Clip as is. onnxruntime's Clip-11 is float only.
+    dtype = "float" if opset == 11 else "double"
+    case = _case("clip_both_bounds_11" if opset == 11 else "clip_both_bounds")
+    model = case.model(dtype, opset)
+    rng = np.random.default_rng(5)
+    base = case.feeds(model)
+    examples = [
+        {
+            "X": base["X"] + rng.uniform(-0.1, 0.1, base["X"].shape).astype(base["X"].dtype),
+            "Lo": np.asarray(lo, dtype=base["Lo"].dtype),
+            "Hi": np.asarray(hi, dtype=base["Hi"].dtype),
+        }
+        for lo, hi in ((-0.4, 0.35), (-1.0, 1.0), (0.2, -0.3))  # the last one crossed
+    ]
+    vm = check_vmap_examples(model, examples, in_axes)
+    ops = {n.op_type for n in vm.graph}
+    if "Lo" in in_axes or "Hi" in in_axes:
+        assert "Clip" not in ops
+    else:
+        assert "Clip" in ops and "Max" not in ops
+
+
+def test_clip_one_batched_bound_of_two_inputs() -> None:
+    model = _case("clip_max_only").model("float", 13)
+    rng = np.random.default_rng(6)
+    examples = [
+        {"X": grid(0.0)(rng, (3, 3), np.dtype(np.float32)), "Hi": np.asarray(h, np.float32)}
+        for h in (0.35, -0.2, 1.0)
+    ]
+    vm = check_vmap_examples(model, examples, {"X": 0, "Hi": 0})
+    assert {n.op_type for n in vm.graph} >= {"Min"}
+
+
+@pytest.mark.parametrize("opset", [11, 16, 21])
+def test_where_batched_condition_only(opset: int) -> None:
+    model = _case("where_broadcast").model("double", opset)
+    base = _case("where_broadcast").feeds(model)
+    examples = [dict(base, C=c) for c in (WHERE_C, ~WHERE_C, np.roll(WHERE_C, 1, axis=1))]
+    check_vmap_examples(model, examples, {"C": 0})
+    check_vmap_examples(model, examples, {"C": 1, "X": 0})
+
+
+@pytest.mark.parametrize("in_axes", [{"D": 0}, {"D": 0, "F": 1}, {"X": 1, "F": 0}])
+def test_castlike_batched_target_only_lends_its_type(in_axes: dict[str, int]) -> None:
+    # The targets only give the element type: an output is batched exactly when X is.
+    model = _case("castlike_to_other").model("float", 21)
+    check_vmap(model, _case("castlike_to_other").feeds(model), in_axes=in_axes)
+
+
+def test_derivatives_of_vmapped_clip_with_batched_bounds() -> None:
+    # The Max/Min rewrite must itself be differentiable (grad of a vmapped model): each
+    # example's bounds at least 0.05 away from its grid of x values (no kinks).
+    model = _case("clip_both_bounds").model("double", 13)
+    vm = onnax.vmap(model, in_axes={"X": 0, "Lo": 0, "Hi": 0})
+    rng = np.random.default_rng(9)
+    feeds = {
+        "X": np.stack([grid(0.0)(rng, (3, 3), np.dtype(np.float64)) for _ in range(3)]),
+        "Lo": np.array([-0.4, -1.0, 0.0]),
+        "Hi": np.array([0.35, 1.0, 0.5]),
+    }
+    check_jvp(vm, feeds)
+    check_vjp(vm, feeds)
+    check_adjoint(vm, feeds)

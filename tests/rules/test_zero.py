@@ -6,10 +6,17 @@ import pytest
 import onnax
 from cases import Case, away_from_zero, case_id, distinct, parametrize, run_case
 from onnax.core.emit import Emitter
-from onnax.core.registry import jvp_rules
+from onnax.core.registry import batch_rules, jvp_rules
+from onnax.errors import UnsupportedOperatorError
 from onnax.rules import collect
-from onnax.rules.zero import ZERO_SINCE
-from oracles import check_model_valid, run
+from onnax.rules.zero import BROADCASTING_BATCH, VECTORIZED_BATCH, ZERO_SINCE
+from oracles import check_adjoint, check_jvp, check_model_valid, check_vjp, check_vmap, run
+from rules.test_elementwise import (
+    check_vmap_examples,
+    skip_missing_rules,
+    vmap_case,
+    vmap_derivatives,
+)
 
 
 def off_integers(rng: np.random.Generator, shape: tuple[int, ...], dtype: np.dtype) -> np.ndarray:
@@ -206,3 +213,407 @@ def test_zero_tangent_is_materialised_in_grad() -> None:
     x = np.random.default_rng(0).standard_normal((5, 4)).astype(np.float32)
     got = run(vm, {"X": x, "adj_L": np.ones((1, 1), np.float32)})
     np.testing.assert_array_equal(got["adj_X"], np.zeros_like(x))
+
+
+# ------------------------------------------------------------------------------------ vmap
+def model_at(opset: int, text: str) -> ir.Model:
+    return ir.from_onnx_text(f'<ir_version: 10, opset_import: ["" : {opset}]>\n{text}')
+
+
+# Inputs that must stay shared: a batched OneHot depth is refused (see the refusal tests).
+VMAP_SHARED = {"onehot_values": ("D",), "onehot_axis0_values_only": ("D",)}
+# Refused on batched inputs (a ragged result): see test_vmap_refuses_ragged_outputs.
+VMAP_REFUSED = {"nonzero_only"}
+
+
+@pytest.mark.parametrize(("case", "dtype", "opset"), parametrize(CASES), ids=case_id)
+def test_vmap(case: Case, dtype: str, opset: int) -> None:
+    if case.name in VMAP_REFUSED:
+        model = case.model(dtype, opset)
+        with pytest.raises(UnsupportedOperatorError, match="ragged"):
+            onnax.vmap(model)
+        return
+    vmap_case(case, dtype, opset, shared=VMAP_SHARED.get(case.name, ()))
+
+
+@pytest.mark.parametrize(
+    ("name", "dtype", "opset"),
+    [
+        ("compare_where", "double", 13),
+        ("floor_product", "float", 18),
+        ("isnan_isinf", "double", 21),
+        ("onehot_values_const_depth", "float", 13),
+        ("argmax_only_double", "double", 11),
+    ],
+)
+def test_vmap_of_derivatives(name: str, dtype: str, opset: int) -> None:
+    vmap_derivatives(next(c for c in CASES if c.name == name), dtype, opset)
+
+
+def test_batch_rules_registered_at_every_since_version() -> None:
+    collect()
+    history = onnx.defs.get_all_schemas_with_history()
+    ops = [*BROADCASTING_BATCH, *VECTORIZED_BATCH, *ZERO_SINCE, "OneHot"]
+    for op in ops:
+        versions = sorted(s.since_version for s in history if s.name == op and s.domain == "")
+        for v in versions:
+            assert batch_rules.lookup("", op, v) is not None, (op, v)
+        if op in BROADCASTING_BATCH:
+            assert tuple(versions) == BROADCASTING_BATCH[op], op
+        if op in VECTORIZED_BATCH:
+            assert tuple(versions) == VECTORIZED_BATCH[op], op
+
+
+SHAPE_ATTRS = ["", "<start = 1>", "<start = -2>", "<start = -9>", "<end = -1>", "<end = 9>"]
+SHAPE_ATTRS += ["<start = 1, end = 2>", "<start = 2, end = 1>", "<start = -1, end = 3>"]
+
+
+@pytest.mark.parametrize("dims", ["N, 3, M", "2, 3, 4"])
+@pytest.mark.parametrize(
+    ("opset", "attrs"),
+    [(11, ""), (13, "")] + [(o, a) for o in (15, 21) for a in SHAPE_ATTRS],
+)
+def test_shape_is_unbatched(dims: str, opset: int, attrs: str) -> None:
+    # One example's shape, not batched (vmap broadcasts it to the outputs); start/end never reach
+    # back into the batch axis (start = -9 clamps to the example's first axis).
+    model = model_at(opset, f"g (float[{dims}] X) => (int64[K] S) {{ S = Shape {attrs} (X) }}")
+    x = np.random.default_rng(0).standard_normal((2, 3, 4)).astype(np.float32)
+    for in_axes in (0, 1, -1):
+        vm = check_vmap(model, {"X": x}, in_axes=in_axes)
+    if dims == "2, 3, 4":
+        # A constant: the only Shape left computes the batch size.
+        assert [n.op_type for n in vm.graph].count("Shape") == 1
+
+
+@pytest.mark.parametrize("dims", ["[N, 3]", "[2, 3]", ""])
+@pytest.mark.parametrize("opset", [11, 13, 18, 21])
+def test_size_is_unbatched(dims: str, opset: int) -> None:
+    model = model_at(opset, f"g (double{dims} X) => (int64 S) {{ S = Size(X) }}")
+    x = np.random.default_rng(0).standard_normal((2, 3) if dims else ())
+    check_vmap(model, {"X": np.asarray(x)}, in_axes=0)
+    check_vmap(model, {"X": np.asarray(x)}, in_axes=-1)
+
+
+@pytest.mark.parametrize("opset", [11, 13, 18, 21])
+def test_reshape_driven_by_shape_and_size_arithmetic(opset: int) -> None:
+    # Shape and Size give one example's sizes, Reshape (another family's rule) puts the batch
+    # back: [N, 6] -> [2N, 3] from Shape, and -> [6N/3, 3] from Size.
+    model = model_at(
+        opset,
+        """g (float[N, 6] X) => (float[M, 3] Y, float[K, 3] Z) {
+            s = Shape(X)
+            c = Constant <value = int64[2] {1, 2}> ()
+            d = Constant <value = int64[2] {2, 1}> ()
+            h = Div(s, c)
+            t = Mul(h, d)
+            Y = Reshape(X, t)
+            n = Size(X)
+            three = Constant <value = int64[1] {3}> ()
+            rows = Div(n, three)
+            u = Concat <axis = 0> (rows, three)
+            Z = Reshape(X, u)
+        }""",
+    )
+    x = np.random.default_rng(0).standard_normal((4, 6)).astype(np.float32)
+    with skip_missing_rules():
+        for in_axes in (0, 1):
+            check_vmap(model, {"X": x}, in_axes=in_axes)
+
+
+@pytest.mark.parametrize(
+    ("op", "attrs", "opset"),
+    [
+        ("ArgMax", "<axis = -1, keepdims = 0>", 11),
+        ("ArgMin", "<axis = 1, keepdims = 1>", 11),
+        ("ArgMax", "<axis = 0, keepdims = 0, select_last_index = 1>", 12),
+        ("ArgMin", "<axis = -3, select_last_index = 1>", 13),
+        ("ArgMax", "", 21),
+    ],
+)
+def test_argmax_argmin_axes_and_attributes(op: str, attrs: str, opset: int) -> None:
+    model = model_at(opset, f"g (double[2, N, 4] X) => (Y) {{ Y = {op} {attrs} (X) }}")
+    rng = np.random.default_rng(1)
+    # Ties in every example (small integers): select_last_index decides, and must be kept.
+    examples = [{"X": rng.integers(0, 3, (2, 3, 4)).astype(np.float64)} for _ in range(3)]
+    check_vmap_examples(model, examples, {"X": 0})
+    check_vmap_examples(model, examples, {"X": 2})
+
+
+@pytest.mark.parametrize(("opset", "axis"), [(11, 1), (11, -1), (11, 0), (13, 1), (13, -2)])
+def test_hardmax_axis(opset: int, axis: int) -> None:
+    # Before 13 Hardmax flattens at its axis (a row is everything after it); from 13 it works
+    # along one axis. onnxruntime's Hardmax is float only.
+    model = model_at(
+        opset, f"g (float[2, 3, 4] X) => (float[2, 3, 4] Y) {{ Y = Hardmax <axis = {axis}> (X) }}"
+    )
+    rng = np.random.default_rng(2)
+    examples = [{"X": distinct(rng, (2, 3, 4), np.dtype(np.float32))} for _ in range(3)]
+    check_vmap_examples(model, examples, {"X": 0})
+    check_vmap_examples(model, examples, {"X": 1})
+
+
+QUANT_X = (np.random.default_rng(3).integers(-20, 20, (4, 6)) * 0.5).astype(np.float32)
+
+
+@pytest.mark.parametrize(
+    ("opset", "signature", "attrs", "feeds", "in_axes"),
+    [
+        # Shared per-tensor parameters.
+        (11, "float S, uint8 Z", "", {"S": 0.5, "Z": 128}, {"X": 1}),
+        # Shared per-axis parameters: the axis moves past the batch axis.
+        (13, "float[6] S, uint8[6] Z", "<axis = 1>", {"S": 0.5, "Z": 128}, {"X": 0}),
+        (21, "float[4] S, int8[4] Z", "<axis = -2>", {"S": 0.25, "Z": 3}, {"X": 1}),
+        (19, "float[6] S", "<axis = 1>", {"S": 0.5}, {"X": 0}),
+        # Shared blocked parameters: broadcast along the batch axis too.
+        (
+            21,
+            "float[4, 3] S, uint8[4, 3] Z",
+            "<axis = 1, block_size = 2>",
+            {"S": 0.5, "Z": 128},
+            {"X": 0},
+        ),
+        # Batched per-tensor parameters: a per-axis quantization along the batch axis.
+        (13, "float S, uint8 Z", "", {"S": 0.5, "Z": 128}, {"X": 0, "S": 0}),
+        (21, "float S, uint8 Z", "", {"S": 0.5, "Z": 128}, {"S": 0, "Z": 0}),
+        (21, "float S, int8 Z", "<axis = 1>", {"S": 0.5, "Z": -3}, {"X": 1, "Z": 0}),
+        (19, "float S", "", {"S": 0.5}, {"S": 0}),
+    ],
+)
+def test_quantize_linear(
+    opset: int, signature: str, attrs: str, feeds: dict[str, float], in_axes: dict[str, int]
+) -> None:
+    model = model_at(
+        opset,
+        f"g (float[4, 6] X, {signature}) => (Y) {{ Y = QuantizeLinear {attrs} (X, {', '.join(feeds)}) }}",
+    )
+    values = {}
+    for v in model.graph.inputs[1:]:
+        shape = tuple(d for d in v.shape.dims)
+        values[v.name] = np.full(shape, feeds[v.name], dtype=v.dtype.numpy())
+    # Per-example parameters and inputs; scales that keep x / scale off the rounding ties.
+    examples = [
+        {
+            "X": QUANT_X + k * 0.1,
+            **{n: (a * (1 + k) if n == "S" else a + k) for n, a in values.items()},
+        }
+        for k in range(3)
+    ]
+    examples = [
+        {
+            n: np.asarray(a).astype(values[n].dtype if n in values else np.float32)
+            for n, a in ex.items()
+        }
+        for ex in examples
+    ]
+    check_vmap_examples(model, examples, in_axes)
+
+
+@pytest.mark.parametrize(
+    ("opset", "axis", "in_axes"),
+    [
+        (11, -1, {"I": 0}),
+        (11, 0, {"I": 1}),
+        (13, 1, {"I": 0, "V": 0}),
+        (21, -2, {"V": 0}),
+        (21, -3, {"I": 2, "V": 0}),
+        (13, 2, {"V": 1}),
+    ],
+)
+def test_onehot_batched_indices_and_values(opset: int, axis: int, in_axes: dict[str, int]) -> None:
+    # Every example has its own indices (some out of range: all off) and its own off/on pair.
+    # onnxruntime's OneHot has no double values kernel: float only.
+    model = model_at(
+        opset,
+        f"g (int64[2, N] I, float[2] V) => (Y) {{ D = Constant <value = int64 {{4}}> ()\n"
+        f" Y = OneHot <axis = {axis}> (I, D, V) }}",
+    )
+    examples = [
+        {"I": np.array([[0, 3, -1], [2, 5, -5]]), "V": np.array([0.0, 1.0], np.float32)},
+        {"I": np.array([[1, 1, 2], [-4, 0, 3]]), "V": np.array([-2.0, 3.5], np.float32)},
+        {"I": np.array([[3, 2, 1], [0, 0, 4]]), "V": np.array([0.25, -1.0], np.float32)},
+    ]
+    vm = check_vmap_examples(model, examples, in_axes)
+    if "V" in in_axes:
+        assert "Where" in {n.op_type for n in vm.graph}
+
+
+def test_onehot_batched_string_values() -> None:
+    # Where picks the values exactly, whatever their type (the mask is int64 then).
+    model = model_at(
+        13,
+        "g (int64[3] I, string[2] V) => (Y) { D = Constant <value = int64 {3}> ()\n"
+        " Y = OneHot <axis = 0> (I, D, V) }",
+    )
+    vm = onnax.vmap(model, in_axes={"I": 0, "V": 0})
+    check_model_valid(vm)
+    indices = np.array([[0, 2, 1], [1, 1, 0]])
+    values = np.array([["off", "on"], ["no", "yes"]], dtype=object)
+    got = run(vm, {"I": indices, "V": values})["Y"]
+    want = [
+        np.where(np.eye(3, dtype=bool)[:, i], v[1], v[0])
+        for i, v in zip(indices, values, strict=True)
+    ]
+    np.testing.assert_array_equal(got, np.stack(want))
+
+
+@pytest.mark.parametrize(
+    ("opset", "shape", "attrs"),
+    [
+        (11, "N, 4", "<k = 1>"),
+        (13, "3, 4", "<k = -1, dtype = 7>"),
+        (22, "N, 4", ""),
+        (21, "M, N", "<dtype = 6>"),
+    ],
+)
+def test_eyelike_is_shared(opset: int, shape: str, attrs: str) -> None:
+    # EyeLike reads only its input's shape: one result for the whole batch (broadcast by vmap at
+    # the output), and the batched input itself is not read.
+    model = model_at(opset, f"g (float[{shape}] X) => (Y) {{ Y = EyeLike {attrs} (X) }}")
+    x = np.random.default_rng(4).standard_normal((3, 4)).astype(np.float32)
+    for in_axes in (0, 1, -1):
+        vm = check_vmap(model, {"X": x}, in_axes=in_axes)
+    eye = next(n for n in vm.graph if n.op_type == "EyeLike")
+    assert eye.inputs[0] is not None and not eye.inputs[0].is_graph_input()
+
+
+@pytest.mark.parametrize(
+    ("opset", "text"),
+    [
+        (
+            18,
+            "g (int32[N, 3] A, int32[3] B) => (int32[N, 3] Y) { a = BitwiseAnd(A, B)\n"
+            " o = BitwiseOr(a, B)\n x = BitwiseXor(o, A)\n Y = BitwiseNot(x) }",
+        ),
+        (
+            11,
+            'g (uint32[N, 3] A, uint32[3] B) => (uint32[N, 3] Y) { Y = BitShift <direction = "LEFT"> (A, B) }',
+        ),
+        (
+            21,
+            'g (uint8[N, 3] A, uint8[N, 1] B) => (uint8[N, 3] Y) { Y = BitShift <direction = "RIGHT"> (A, B) }',
+        ),
+        (
+            13,
+            "g (int64[N, 3] A, int64[3] B) => (bool[N, 3] Y) { e = Equal(A, B)\n l = Less(A, B)\n"
+            " g = Greater(A, B)\n o = Or(e, l)\n x = Xor(o, g)\n n = Not(x)\n Y = And(n, e) }",
+        ),
+        (
+            16,
+            "g (int32[N, 3] A, int32[3] B) => (bool[N, 3] Y, bool[N, 3] Z) { Y = LessOrEqual(A, B)\n Z = GreaterOrEqual(A, B) }",
+        ),
+    ],
+)
+def test_integer_and_boolean_operators(opset: int, text: str) -> None:
+    # Integer operands differ per example (check_vmap would batch identical copies).
+    model = model_at(opset, text)
+    rng = np.random.default_rng(8)
+    a_type = model.graph.inputs[0].dtype.numpy()
+    b_shape = tuple(d if isinstance(d, int) else 2 for d in model.graph.inputs[1].shape.dims)
+    examples = [
+        {
+            "A": rng.integers(0, 6, (2, 3)).astype(a_type),
+            "B": rng.integers(0, 6, b_shape).astype(a_type),
+        }
+        for _ in range(3)
+    ]
+    for in_axes in ({"A": 0, "B": 0}, {"A": 1}, {"B": 0}, {"A": 2, "B": 1}):
+        check_vmap_examples(model, examples, in_axes)
+
+
+# --------------------------------------------------------------------------- vmap refusals
+@pytest.mark.parametrize("in_axes", [0, 1])
+def test_vmap_refuses_ragged_outputs(in_axes: int) -> None:
+    model = model_at(13, "g (float[N, 3] X) => (int64[2, K] Y) { Y = NonZero(X) }")
+    with pytest.raises(UnsupportedOperatorError) as err:
+        onnax.vmap(model, in_axes=in_axes)
+    msg = str(err.value)
+    assert msg.startswith("vmap: ai.onnx::NonZero at opset 13 (the node producing 'Y')")
+    assert "input 0 'X'" in msg and "number of nonzero elements" in msg and "ragged" in msg
+    assert "Remedy" in msg and "in_axes None" in msg
+
+
+@pytest.mark.parametrize("batched", ["scores", "max_out"])
+def test_vmap_refuses_non_max_suppression(batched: str) -> None:
+    model = model_at(
+        11,
+        "g (float[1, 4, 4] boxes, float[1, 1, 4] scores, int64[1] max_out) => (int64[K, 3] Y) {"
+        " Y = NonMaxSuppression(boxes, scores, max_out) }",
+    )
+    with pytest.raises(UnsupportedOperatorError) as err:
+        onnax.vmap(model, in_axes={batched: 0})
+    msg = str(err.value)
+    index = 1 if batched == "scores" else 2
+    assert "ai.onnx::NonMaxSuppression at opset 11" in msg and f"input {index} '{batched}'" in msg
+    assert "number of selected boxes" in msg and "Remedy" in msg
+
+
+@pytest.mark.parametrize("in_axes", [{"D": 0}, {"I": 0, "D": 0}])
+def test_vmap_refuses_batched_onehot_depth(in_axes: dict[str, int]) -> None:
+    case = next(c for c in CASES if c.name == "onehot_values")
+    with pytest.raises(UnsupportedOperatorError) as err:
+        onnax.vmap(case.model("float", 13), in_axes=in_axes)
+    msg = str(err.value)
+    assert msg.startswith("vmap: ai.onnx::OneHot at opset 13 (the node producing 'h')")
+    assert "depth from input 1 'D'" in msg and "different shapes" in msg
+    assert "Remedy" in msg and "constant" in msg and "in_axes None" in msg
+
+
+@pytest.mark.parametrize(
+    ("opset", "signature", "attrs", "in_axes", "why"),
+    [
+        (13, "float[6] S, uint8[6] Z", "<axis = 1>", {"X": 0, "S": 0}, "per-axis or blocked"),
+        (21, "float[6] S, uint8[6] Z", "<axis = 1>", {"Z": 1}, "per-axis or blocked"),
+        (
+            21,
+            "float[4, 3] S, uint8[4, 3] Z",
+            "<axis = 1, block_size = 2>",
+            {"S": 0},
+            "per-axis or blocked",
+        ),
+        (11, "float S, uint8 Z", "", {"S": 0}, "before opset 13"),
+    ],
+)
+def test_vmap_refuses_batched_quantization_parameters(
+    opset: int, signature: str, attrs: str, in_axes: dict[str, int], why: str
+) -> None:
+    model = model_at(
+        opset,
+        f"g (float[4, 6] X, {signature}) => (Y) {{ Y = QuantizeLinear {attrs} (X, S, Z) }}",
+    )
+    with pytest.raises(UnsupportedOperatorError) as err:
+        onnax.vmap(model, in_axes=in_axes)
+    msg = str(err.value)
+    name = "S" if "S" in in_axes else "Z"
+    assert f"ai.onnx::QuantizeLinear at opset {opset} (the node producing 'Y')" in msg
+    assert f"(input {1 if name == 'S' else 2} '{name}')" in msg and why in msg
+    assert "Remedy" in msg and "in_axes None" in msg
+
+
+@pytest.mark.parametrize(
+    ("opset", "attrs"), [(13, ""), (15, "<start = -2>"), (21, "<start = 1, end = -9>")]
+)
+def test_shape_of_unknown_rank(opset: int, attrs: str) -> None:
+    # A reshape to a run-time shape of run-time length: the rank of r is unknown to the rule.
+    model = model_at(
+        opset,
+        f"g (float[6] X, int64[K] T) => (int64[M] S) {{ r = Reshape(X, T)\n S = Shape {attrs} (r) }}",
+    )
+    x = np.arange(6, dtype=np.float32)
+    with skip_missing_rules():
+        check_vmap(model, {"X": x, "T": np.array([2, 3])}, in_axes={"X": 0})
+        check_vmap(model, {"X": x, "T": np.array([3, 1, 2])}, in_axes={"X": 0})
+
+
+def test_derivatives_of_vmapped_onehot_with_batched_values() -> None:
+    # The Where/Gather formulation is linear in the values: jvp and vjp of the vmapped model.
+    model = next(c for c in CASES if c.name == "onehot_values_const_depth").model("float", 13)
+    vm = onnax.vmap(model, in_axes={"I": 0, "V": 0, "X": None})
+    rng = np.random.default_rng(10)
+    feeds = {
+        "I": np.array([[0, 3, -1], [1, 2, 7], [3, 3, 0]]),
+        "V": rng.standard_normal((3, 2)).astype(np.float32),
+        "X": rng.standard_normal((3, 4)).astype(np.float32),
+    }
+    check_jvp(vm, feeds)
+    check_vjp(vm, feeds)
+    check_adjoint(vm, feeds)

@@ -8,6 +8,10 @@ Linear ones (Add Sub Neg Identity Sum Mean Where Cast CastLike, and Mul/Div by a
 transpose rules; the others' tangents are spelled with those. Piecewise operators (Max Min Clip)
 route the tangent of the selected operand with ``Where``; at a tie the derivative is one-sided
 and deterministic (the first operand equal to the output, zero on a Clip bound).
+
+Under vmap the broadcasting operators align batched operands past the batch axis and the unary
+ones apply as they are; Clip rewrites to Max/Min when a (scalar-only) bound is batched, and
+CastLike's second input only lends its element type.
 """
 
 from __future__ import annotations
@@ -16,15 +20,35 @@ from collections.abc import Sequence
 
 import onnx_ir as ir
 
+from onnax.core.batching import Batcher
 from onnax.core.diagnostics import node_label, op_label
 from onnax.core.emit import Emitter, InternalRuleError
-from onnax.core.registry import jvp_rules, transpose_rules
+from onnax.core.registry import batch_rules, jvp_rules, transpose_rules
 from onnax.core.selection import FLOAT_TYPES
 from onnax.core.shapes import broadcast_to, same_shape, unbroadcast
 from onnax.errors import UnsupportedOperatorError
-from onnax.rules._patterns import register_linear_unary
+from onnax.rules._patterns import (
+    attributes_of,
+    register_broadcasting_batch,
+    register_linear_unary,
+    register_vectorized_batch,
+)
 
 Tangents = Sequence[ir.Value | None]
+Args = Sequence[ir.Value | None]
+BatchResult = tuple[list[ir.Value | None], list[bool]]
+
+
+def _broadcasting_batch(op_type: str, since_versions: Sequence[int]) -> None:
+    """Registers the broadcasting batch rule at every ``since_version`` of the operator."""
+    for v in since_versions:
+        register_broadcasting_batch([op_type], since_version=v)
+
+
+def _vectorized_batch(op_type: str, since_versions: Sequence[int]) -> None:
+    """Registers the vectorized (apply as is) batch rule at every ``since_version``."""
+    for v in since_versions:
+        register_vectorized_batch([op_type], since_version=v)
 
 
 # ------------------------------------------------------------------------------- Add / Sub
@@ -59,6 +83,7 @@ for _op in ("Add", "Sub"):
     for _v in (7, 13, 14):
         jvp_rules.add(_op, _add_sub_jvp, since_version=_v)
         transpose_rules.add(_op, _add_sub_transpose, since_version=_v)
+    _broadcasting_batch(_op, (1, 6, 7, 13, 14))
 
 
 # ----------------------------------------------------------------------------------- Mul
@@ -88,6 +113,7 @@ def _mul_transpose(
 for _v in (7, 13, 14):
     jvp_rules.add("Mul", _mul_jvp, since_version=_v)
     transpose_rules.add("Mul", _mul_transpose, since_version=_v)
+_broadcasting_batch("Mul", (1, 6, 7, 13, 14))
 
 
 # ----------------------------------------------------------------------------------- Div
@@ -117,11 +143,14 @@ def _div_transpose(
 for _v in (7, 13, 14):
     jvp_rules.add("Div", _div_jvp, since_version=_v)
     transpose_rules.add("Div", _div_transpose, since_version=_v)
+_broadcasting_batch("Div", (1, 6, 7, 13, 14))
 
 
 # ---------------------------------------------------------------------- Neg / Identity
 register_linear_unary("Neg", (6, 13))
 register_linear_unary("Identity", (1, 13, 14, 16, 19, 21, 25))
+_vectorized_batch("Neg", (1, 6, 13))
+_vectorized_batch("Identity", (1, 13, 14, 16, 19, 21, 23, 24, 25))
 
 
 # ---------------------------------------------------------------------------------- helpers
@@ -177,6 +206,7 @@ def _pow_jvp(em: Emitter, node: ir.Node, tangents: Tangents) -> list[ir.Value | 
 
 for _v in (7, 12, 13, 15):
     jvp_rules.add("Pow", _pow_jvp, since_version=_v)
+_broadcasting_batch("Pow", (1, 7, 12, 13, 15))
 
 
 # ---------------------------------------------------------------------------- Sum / Mean
@@ -211,6 +241,7 @@ for _op in ("Sum", "Mean"):
     for _v in (6, 8, 13):
         jvp_rules.add(_op, _sum_mean_jvp, since_version=_v)
         transpose_rules.add(_op, _sum_mean_transpose, since_version=_v)
+    _broadcasting_batch(_op, (1, 6, 8, 13))
 
 
 # ----------------------------------------------------------------------------- Max / Min
@@ -246,6 +277,7 @@ def _max_min_jvp(em: Emitter, node: ir.Node, tangents: Tangents) -> list[ir.Valu
 for _op in ("Max", "Min"):
     for _v in (6, 8, 12, 13):
         jvp_rules.add(_op, _max_min_jvp, since_version=_v)
+    _broadcasting_batch(_op, (1, 6, 8, 12, 13))
 
 
 # ----------------------------------------------------------------------------------- Clip
@@ -302,6 +334,31 @@ for _v in (6, 11, 12, 13):
     jvp_rules.add("Clip", _clip_jvp, since_version=_v)
 
 
+def _clip_batch(bx: Batcher, node: ir.Node, args: Args, batched: Sequence[bool]) -> BatchResult:
+    """Clip as is when only x is batched; Max/Min against the aligned bounds otherwise.
+
+    ONNX requires scalar bounds, so a batched bound (one per example) cannot stay a Clip input.
+    ``Min(Max(x, lo), hi)`` is Clip's definition, including ``min > max`` (the result is max).
+    """
+    if not any(batched[1:]):
+        return [bx.op("Clip", list(args), attributes_of(node))], [True]
+    x, original = args[0], node.inputs[0]
+    assert x is not None and original is not None
+    rank = bx.rank(original)
+    out = bx.align(x, batched[0], original, rank)
+    for i, op_type in ((1, "Max"), (2, "Min")):
+        bound = args[i] if i < len(args) else None
+        bound_original = node.inputs[i] if i < len(node.inputs) else None
+        if bound is None or bound_original is None:
+            continue
+        out = bx.op(op_type, [out, bx.align(bound, batched[i], bound_original, rank)])
+    return [out], [True]
+
+
+for _v in (1, 6, 11, 12, 13):
+    batch_rules.add("Clip", _clip_batch, since_version=_v)
+
+
 # ---------------------------------------------------------------------------------- Where
 def _where_jvp(em: Emitter, node: ir.Node, tangents: Tangents) -> list[ir.Value | None]:
     (c, a, b), (_, ta, tb), y = node.inputs, tangents, node.outputs[0]
@@ -331,6 +388,8 @@ def _where_transpose(
 for _v in (9, 16):
     jvp_rules.add("Where", _where_jvp, since_version=_v)
     transpose_rules.add("Where", _where_transpose, since_version=_v)
+# The condition broadcasts like the other operands, so it may be batched too.
+_broadcasting_batch("Where", (9, 16))
 
 
 # --------------------------------------------------------------------------- Cast / CastLike
@@ -375,6 +434,19 @@ jvp_rules.add("Cast", _cast_jvp, since_version=6)
 transpose_rules.add("Cast", _cast_transpose, since_version=6)
 jvp_rules.add("CastLike", _cast_jvp, since_version=15)
 transpose_rules.add("CastLike", _cast_transpose, since_version=15)
+_vectorized_batch("Cast", (1, 6, 9, 13, 19, 21, 23, 24, 25, 28))
+
+
+def _castlike_batch(bx: Batcher, node: ir.Node, args: Args, batched: Sequence[bool]) -> BatchResult:
+    """The second input only lends its element type: batched or not, it is passed as is.
+
+    The result is batched exactly when the cast value is.
+    """
+    return [bx.op("CastLike", list(args), attributes_of(node))], [batched[0]]
+
+
+for _v in (15, 19, 21, 23, 24, 25):
+    batch_rules.add("CastLike", _castlike_batch, since_version=_v)
 
 
 # ----------------------------------------------------------------------------------- Mod
@@ -391,3 +463,4 @@ def _mod_jvp(em: Emitter, node: ir.Node, tangents: Tangents) -> list[ir.Value | 
 
 
 jvp_rules.add("Mod", _mod_jvp, since_version=10)
+_broadcasting_batch("Mod", (10, 13, 28))

@@ -8,6 +8,12 @@ A float output of such an operator that is a graph output gets a materialised ze
 
 OneHot is piecewise constant in its indices and depth but linear in its ``values`` input (the
 off/on pair), so it has a real rule here.
+
+Batch rules (vmap): comparisons, logic and bitwise operators broadcast; the rounding family and the
+other unary tests apply as they are; axis-taking operators (ArgMax ArgMin Hardmax QuantizeLinear
+OneHot) shift their axis past the batch axis. Shape producers (Shape, Size) and EyeLike return the
+*unbatched* result, the same for every example. NonZero and NonMaxSuppression are refused on
+batched inputs: their output sizes depend on each example's values (a ragged result).
 """
 
 from __future__ import annotations
@@ -17,11 +23,21 @@ from collections.abc import Mapping, Sequence
 import numpy as np
 import onnx_ir as ir
 
+from onnax.core.batching import Batcher, shift_axes
+from onnax.core.diagnostics import node_label, op_label
 from onnax.core.emit import Emitter, InternalRuleError
-from onnax.core.registry import jvp_rules
-from onnax.rules._patterns import register_zero
+from onnax.core.registry import BatchRule, batch_rules, jvp_rules
+from onnax.errors import UnsupportedOperatorError
+from onnax.rules._patterns import (
+    attributes_of,
+    register_broadcasting_batch,
+    register_vectorized_batch,
+    register_zero,
+)
 
 Tangents = Sequence[ir.Value | None]
+Args = Sequence[ir.Value | None]
+BatchResult = tuple[list[ir.Value | None], list[bool]]
 
 ZERO_SINCE: Mapping[str, int] = {
     # Comparisons and logic: boolean results.
@@ -88,3 +104,314 @@ def _onehot_jvp(em: Emitter, node: ir.Node, tangents: Tangents) -> list[ir.Value
 
 for _v in (9, 11):
     jvp_rules.add("OneHot", _onehot_jvp, since_version=_v)
+
+
+# ------------------------------------------------------------------------------ batch rules
+# Every since_version of each schema (onnx 1.23); the rule is the same across versions unless a
+# dedicated rule below says otherwise.
+BROADCASTING_BATCH: Mapping[str, tuple[int, ...]] = {
+    "Equal": (1, 7, 11, 13, 19),
+    "Less": (1, 7, 9, 13),
+    "Greater": (1, 7, 9, 13),
+    "LessOrEqual": (12, 16),
+    "GreaterOrEqual": (12, 16),
+    "And": (1, 7),
+    "Or": (1, 7),
+    "Xor": (1, 7),
+    "BitShift": (11, 28),
+    "BitwiseAnd": (18,),
+    "BitwiseOr": (18,),
+    "BitwiseXor": (18,),
+}
+"""Multidirectionally broadcasting operators: batched operands are aligned past the batch axis."""
+
+VECTORIZED_BATCH: Mapping[str, tuple[int, ...]] = {
+    "Not": (1,),
+    "BitwiseNot": (18,),
+    "Sign": (9, 13),
+    "Floor": (1, 6, 13),
+    "Ceil": (1, 6, 13),
+    "Round": (11, 22),
+    "IsNaN": (9, 13, 20),
+    "IsInf": (10, 20),
+}
+"""One-input elementwise operators: applied to the batched value as they are."""
+
+for _op, _versions in BROADCASTING_BATCH.items():
+    for _v in _versions:
+        register_broadcasting_batch([_op], since_version=_v)
+for _op, _versions in VECTORIZED_BATCH.items():
+    for _v in _versions:
+        register_vectorized_batch([_op], since_version=_v)
+
+
+def _original(node: ir.Node, index: int) -> ir.Value:
+    value = node.inputs[index] if index < len(node.inputs) else None
+    if value is None:
+        raise InternalRuleError(f"{op_label(node)}: input {index} is missing")
+    return value
+
+
+def _arg(args: Args, index: int) -> ir.Value:
+    value = args[index] if index < len(args) else None
+    if value is None:
+        raise InternalRuleError(f"batch rule: input {index} is missing")
+    return value
+
+
+def _optional(args: Args, index: int) -> ir.Value | None:
+    return args[index] if index < len(args) else None
+
+
+def _input_name(node: ir.Node, index: int) -> str:
+    """The name of input ``index`` for messages (vmap leaves the originals their names)."""
+    value = node.inputs[index] if index < len(node.inputs) else None
+    return value.name if value is not None and value.name else f"#{index}"
+
+
+def _shift_axis(axis: int) -> int:
+    """An axis of an unbatched value, for the batched one.
+
+    Negative axes count from the back and stay; the others move past the batch axis. The axis is
+    valid for the unbatched rank (the model passed onnx.checker), so no rank is needed; before
+    Hardmax-13 the flattening point moves the same way.
+    """
+    return axis if axis < 0 else axis + 1
+
+
+def _clamp_axis(axis: int, rank: int) -> int:
+    """Shape's start/end: negative counts from the back, then clamped to ``[0, rank]``."""
+    return min(max(axis + rank if axis < 0 else axis, 0), rank)
+
+
+# ----------------------------------------------------------------------------------- Shape
+def _shape_batch(bx: Batcher, node: ir.Node, args: Args, batched: Sequence[bool]) -> BatchResult:
+    """The shape of one example (not batched): the batched shape past the batch axis.
+
+    ``start``/``end`` (Shape-15) are normalised against the unbatched rank and shifted by one, so
+    that clamping happens as it would for one example (a negative start must never reach back
+    into the batch axis). Of an input of unknown rank, the example's shape is sliced instead
+    (Slice clamps its bounds exactly as Shape does).
+    """
+    x, original = _arg(args, 0), _original(node, 0)
+    start_attr, end_attr = node.attributes.get_int("start", 0), node.attributes.get("end")
+    if original.shape is None:
+        shape = bx.unbatched_shape(x, True, original)
+        if start_attr == 0 and end_attr is None:
+            return [shape], [False]
+        end_bound = 2**62 if end_attr is None else end_attr.as_int()
+        return [bx.slice(shape, [start_attr], [end_bound], [0])], [False]
+    rank = original.shape.rank()
+    start = _clamp_axis(start_attr, rank)
+    end = rank if end_attr is None else _clamp_axis(end_attr.as_int(), rank)
+    if original.shape.is_static():
+        out = bx.ints(list(original.shape.numpy())[start:end])
+    elif start == 0 and end == rank:
+        out = bx.unbatched_shape(x, True, original)
+    elif end <= start:
+        out = bx.ints([])
+    elif bx.opset >= 15:
+        out = bx.op("Shape", [x], {"start": start + 1, "end": end + 1})
+    else:
+        out = bx.slice(bx.op("Shape", [x]), [start + 1], [end + 1], [0])
+    return [out], [False]
+
+
+for _v in (1, 13, 15, 19, 21, 23, 24, 25):
+    batch_rules.add("Shape", _shape_batch, since_version=_v)
+
+
+# ------------------------------------------------------------------------------------ Size
+def _size_batch(bx: Batcher, node: ir.Node, args: Args, batched: Sequence[bool]) -> BatchResult:
+    """The size of one example (not batched): the product of its shape.
+
+    Computed from the unbatched shape rather than ``Size / batch_size``, which would divide by
+    zero for an empty batch.
+    """
+    x, original = _arg(args, 0), _original(node, 0)
+    if original.shape is not None and original.shape.is_static():
+        size = int(np.prod(original.shape.numpy(), dtype=np.int64))
+        out = bx.const(np.array(size, dtype=np.int64))
+    else:
+        shape = bx.unbatched_shape(x, True, original)
+        out = bx.reduce("ReduceProd", shape, None, keepdims=False)
+    return [out], [False]
+
+
+for _v in (1, 13, 19, 21, 23, 24, 25):
+    batch_rules.add("Size", _size_batch, since_version=_v)
+
+
+# --------------------------------------------------------------- ArgMax / ArgMin / Hardmax
+def _axis_batch(default_axis: int) -> BatchRule:
+    """The operator along its axis shifted past the batch axis.
+
+    Before Hardmax-13, Hardmax flattens its input to 2-D at ``axis``; with the shifted axis the
+    batch axis joins the leading (row) part, so every row still belongs to one example.
+    """
+
+    def rule(bx: Batcher, node: ir.Node, args: Args, batched: Sequence[bool]) -> BatchResult:
+        x = _arg(args, 0)
+        axis = node.attributes.get_int("axis", default_axis)
+        shifted = _shift_axis(axis)
+        return [bx.op(node.op_type, [x], attributes_of(node, axis=shifted))], [True]
+
+    return rule
+
+
+for _op in ("ArgMax", "ArgMin"):
+    for _v in (1, 11, 12, 13):
+        batch_rules.add(_op, _axis_batch(0), since_version=_v)
+for _v, _default in ((1, 1), (11, 1), (13, -1)):
+    batch_rules.add("Hardmax", _axis_batch(_default), since_version=_v)
+
+
+# --------------------------------------------------------------------------- QuantizeLinear
+def _quantize_batch(bx: Batcher, node: ir.Node, args: Args, batched: Sequence[bool]) -> BatchResult:
+    """QuantizeLinear with its quantization axis shifted past the batch axis.
+
+    Shared parameters: a per-tensor (scalar) scale applies as is, a per-axis (1-D) one along the
+    shifted axis, a blocked one (same rank as x) is broadcast along the batch first. Batched
+    parameters are only expressible for a per-tensor scale (opset >= 13): one scale per example is
+    a per-axis quantization along the batch axis itself.
+    """
+    x, scale, zero_point = _arg(args, 0), _arg(args, 1), _optional(args, 2)
+    x_orig, scale_orig = _original(node, 0), _original(node, 1)
+    zp_orig = node.inputs[2] if len(node.inputs) > 2 else None
+    rank, scale_rank = bx.rank(x_orig), bx.rank(scale_orig)
+    zp_batched = zero_point is not None and batched[2]
+    block_size = node.attributes.get_int("block_size", 0)
+    axis = node.attributes.get_int("axis", 1)
+    if not batched[1] and not zp_batched:
+        if scale_rank == 0 or not -rank <= axis < rank:
+            # Per-tensor: the axis is ignored (and valid for the batched rank if it was before).
+            return [bx.op("QuantizeLinear", list(args), attributes_of(node))], [True]
+        attrs = attributes_of(node, axis=shift_axes([axis], rank)[0])
+        if block_size > 0:
+            # Blocked: the scale has x's rank; give it (and the zero point) the batch axis too.
+            scale = bx.materialize(scale, False, scale_orig)
+            if zero_point is not None and zp_orig is not None:
+                zero_point = bx.materialize(zero_point, False, zp_orig)
+        inputs = [x, scale] if zero_point is None else [x, scale, zero_point]
+        return [bx.op("QuantizeLinear", inputs, attrs)], [True]
+    per_tensor = scale_rank == 0 and (zp_orig is None or bx.rank(zp_orig) == 0)
+    if not per_tensor or block_size > 0 or bx.opset < 13:
+        index = 1 if batched[1] else 2
+        name = _input_name(node, index)
+        why = (
+            "before opset 13 QuantizeLinear has no axis attribute"
+            if bx.opset < 13
+            else "the quantization parameters are per-axis or blocked"
+        )
+        raise UnsupportedOperatorError(
+            f"vmap: {op_label(node)} at opset {bx.opset} ({node_label(node)}) gets a batched "
+            f"quantization parameter (input {index} {name!r}): each example would quantize "
+            f"with its own parameters, which needs a per-axis quantization along the batch axis, "
+            f"but {why}. Remedy: give the inputs {name!r} is computed from in_axes None "
+            "(share the quantization parameters), or use a scalar scale and zero point at "
+            "opset >= 13."
+        )
+    x = bx.materialize(x, batched[0], x_orig)
+    scale = bx.materialize(scale, batched[1], scale_orig)
+    inputs = [x, scale]
+    if zero_point is not None and zp_orig is not None:
+        inputs.append(bx.materialize(zero_point, batched[2], zp_orig))
+    # One scale per example: per-axis quantization along axis 0, the batch axis.
+    return [bx.op("QuantizeLinear", inputs, attributes_of(node, axis=0))], [True]
+
+
+for _v in (10, 13, 19, 21, 23, 24, 25, 28):
+    batch_rules.add("QuantizeLinear", _quantize_batch, since_version=_v)
+
+
+# ---------------------------------------------------------------------------------- OneHot
+def _onehot_batch(bx: Batcher, node: ir.Node, args: Args, batched: Sequence[bool]) -> BatchResult:
+    """OneHot with batched indices (the one-hot axis shifted) and/or batched values.
+
+    A batched depth would give each example its own output size: refused. Batched values (one
+    off/on pair per example) select through ``Where`` on the one-hot mask, which is exact for any
+    element type.
+    """
+    indices, depth, values = _arg(args, 0), _arg(args, 1), _arg(args, 2)
+    indices_orig, values_orig = _original(node, 0), _original(node, 2)
+    if batched[1]:
+        name = _input_name(node, 1)
+        raise UnsupportedOperatorError(
+            f"vmap: {op_label(node)} at opset {bx.opset} ({node_label(node)}) takes its depth "
+            f"from input 1 {name!r}, which depends on a batched input: each example "
+            "could have a different depth, and the results would have different shapes. Remedy: "
+            f"make the depth a constant, or give the inputs {name!r} is computed "
+            "from in_axes None (shared)."
+        )
+    out_rank = bx.rank(indices_orig) + 1
+    axis = node.attributes.get_int("axis", -1)
+    # The output axis the one-hot dimension lands on, for batched or shared indices.
+    new_axis = _shift_axis(axis) if batched[0] else axis
+    if not batched[2]:
+        return [bx.op("OneHot", [indices, depth, values], {"axis": new_axis})], [True]
+    dtype = values_orig.dtype
+    if dtype is None:
+        raise InternalRuleError(f"OneHot: the element type of {values_orig.name!r} is unknown")
+    # A 0/1 mask in the values' own type (the kernel the model already uses) when it is numeric.
+    unit_type = dtype.numpy() if dtype.is_floating_point() or dtype.is_integer() else np.int64
+    unit = bx.const(np.array([0, 1], dtype=unit_type))
+    mask = bx.op("OneHot", [indices, depth, unit], {"axis": new_axis})
+    chosen = bx.op("Cast", [mask], {"to": int(ir.DataType.BOOL)})
+    # values is [B, 2]: off/on of each example, as [B, 1, ..., 1] to line up with the output.
+    off, on = (
+        bx.unsqueeze(
+            bx.op("Gather", [values, bx.const(np.array(i, dtype=np.int64))], {"axis": 1}),
+            list(range(1, out_rank + 1)),
+        )
+        for i in (0, 1)
+    )
+    return [bx.op("Where", [chosen, on, off])], [True]
+
+
+for _v in (9, 11, 28):
+    batch_rules.add("OneHot", _onehot_batch, since_version=_v)
+
+
+# --------------------------------------------------------------------------------- EyeLike
+def _eyelike_batch(bx: Batcher, node: ir.Node, args: Args, batched: Sequence[bool]) -> BatchResult:
+    """The identity of one example's shape (not batched): EyeLike only reads its input's shape.
+
+    The batched input is never read as such; a zero tensor of the unbatched shape and type stands
+    in for it, so every example shares one result.
+    """
+    x, original = _arg(args, 0), _original(node, 0)
+    dtype = original.dtype
+    if dtype is None:
+        raise InternalRuleError(f"EyeLike: the element type of {original.name!r} is unknown")
+    zero = bx.scalar(0.0, like=dtype)
+    stand_in = bx.op("Expand", [zero, bx.unbatched_shape(x, True, original)])
+    return [bx.op("EyeLike", [stand_in], attributes_of(node))], [False]
+
+
+for _v in (9, 22):
+    batch_rules.add("EyeLike", _eyelike_batch, since_version=_v)
+
+
+# ------------------------------------------------------------------ NonZero / NonMaxSuppression
+def _ragged_batch(bx: Batcher, node: ir.Node, args: Args, batched: Sequence[bool]) -> BatchResult:
+    """Refused: the number of results depends on each example's values."""
+    index = next(i for i, b in enumerate(batched) if b)
+    name = _input_name(node, index)
+    what = (
+        "the number of nonzero elements"
+        if node.op_type == "NonZero"
+        else "the number of selected boxes"
+    )
+    raise UnsupportedOperatorError(
+        f"vmap: {op_label(node)} at opset {bx.opset} ({node_label(node)}) gets a batched input "
+        f"(input {index} {name!r}): its output size is "
+        f"{what}, which differs from example to example, so the batched result would be ragged. "
+        "Remedy: give the inputs it is computed from in_axes None (shared), or replace it with a "
+        "fixed-size formulation (a boolean mask with Where, or TopK with a fixed k)."
+    )
+
+
+for _v in (9, 13):
+    batch_rules.add("NonZero", _ragged_batch, since_version=_v)
+for _v in (10, 11):
+    batch_rules.add("NonMaxSuppression", _ragged_batch, since_version=_v)
