@@ -383,6 +383,25 @@ def test_vmap_einsum_operands(case: Case) -> None:
         check_vmap_examples(model, [dict(ex) for ex in examples], in_axes)
 
 
+@pytest.mark.parametrize(
+    ("equation", "shapes"),
+    [("ii", ["N, N"]), ("ii->", ["3, 3"]), ("ij->", ["N, 3"]), ("i,i", ["3", "3"])],
+)
+def test_vmap_einsum_scalar_results(equation: str, shapes: list[str]) -> None:
+    """Rank-0 results (the case list wraps them in a Mul, which needs Mul's batch rule)."""
+    names = [chr(ord("A") + i) for i in range(len(shapes))]
+    params = ", ".join(f"double[{s}] {n}" for s, n in zip(shapes, names, strict=True))
+    model = ir.from_onnx_text(
+        '<ir_version: 10, opset_import: ["" : 18]>\n'
+        f'g ({params}) => (double Y) {{ Y = Einsum <equation: string = "{equation}"> '
+        f"({', '.join(names)}) }}"
+    )
+    feeds = Case("e", "").feeds(model)
+    check_vmap(model, feeds, in_axes=0)
+    check_vmap(model, feeds, in_axes=[1] + [None] * (len(names) - 1))
+    check_vmap(model, feeds, in_axes=[None] * (len(names) - 1) + [-1], out_axes=0)
+
+
 def test_vmap_einsum_without_a_free_letter() -> None:
     letters = string.ascii_lowercase + string.ascii_uppercase
     dims = ", ".join(["1"] * len(letters))
@@ -395,6 +414,19 @@ def test_vmap_einsum_without_a_free_letter() -> None:
         onnax.vmap(model)
     message = str(info.value)
     for fact in ("ai.onnx::Einsum", "'Y'", "52 letters", "Remedy", "in_axes None"):
+        assert fact in message, (fact, message)
+
+
+def test_vmap_matmul_unknown_rank_is_refused() -> None:
+    model = ir.from_onnx_text(
+        '<ir_version: 10, opset_import: ["" : 13]>\n'
+        "g (float[12] X, int64[K] S, float[3, 4, 5] B) => (float[3, 2, 5] Y) {\n"
+        " R = Reshape(X, S)\n Y = MatMul(R, B) }"
+    )
+    with pytest.raises(onnax.errors.UnsupportedOperatorError) as info:
+        onnax.vmap(model, in_axes={"B": 0})
+    message = str(info.value)
+    for fact in ("vmap", "ai.onnx::MatMul", "'Y'", "rank of its input 0 'R'", "Remedy"):
         assert fact in message, (fact, message)
 
 
