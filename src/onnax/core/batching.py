@@ -11,6 +11,7 @@ from collections.abc import Sequence
 import onnx_ir as ir
 
 from onnax.core.emit import Emitter
+from onnax.errors import UnsupportedOperatorError
 
 __all__ = ["Batcher", "RandomnessPolicy", "shift_axes"]
 
@@ -37,9 +38,11 @@ class Batcher(Emitter):
     def rank(self, value: ir.Value) -> int:
         """The unbatched rank of an original value (its inferred shape must be known)."""
         if value.shape is None:
-            from onnax.core.emit import InternalRuleError
-
-            raise InternalRuleError(f"vmap: the rank of {value.name!r} is unknown")
+            raise UnsupportedOperatorError(
+                f"vmap: the rank of {value.name!r} is unknown, and batching the operator that "
+                "reads it needs the rank. Remedy: give the model's inputs static ranks (shape "
+                "inference then finds the rest), or compute shapes from constants."
+            )
         return value.shape.rank()
 
     def unbatched_shape(self, arg: ir.Value, batched: bool, original: ir.Value) -> ir.Value:

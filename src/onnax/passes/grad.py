@@ -20,6 +20,11 @@ __all__ = ["GradPass", "scalar_output"]
 
 
 def scalar_output(graph: ir.Graph, output: str | None) -> ir.Value:
+    """The rank-0 float output named ``output``, or the only one when ``output`` is None.
+
+    Raises:
+        SelectionError: With the shapes found and how to get a scalar.
+    """
     if output is not None and not isinstance(output, str):
         raise SelectionError(
             f"grad: `output` must be one graph output name (str), got {type(output).__name__}; "

@@ -226,11 +226,13 @@ class VmapPass(ir.passes.FunctionalPass):
                 "per example, or randomness='same' for one sample shared by all examples."
             )
         if rule is None or captured:
-            which = next(
-                (v.name for v, f in zip(node.inputs, flags, strict=False) if f and v is not None),
-                None,
-            )
-            via = f"input {which!r}" if which else "a value captured by a subgraph"
+            index = next((i for i, f in enumerate(flags) if f), None)
+            if index is None:
+                via = "a value captured by a subgraph"
+            else:
+                value = node.inputs[index]
+                name = value.name if value is not None else None
+                via = f"input {index}" + (f" {name!r}" if name else "")
             raise UnsupportedOperatorError(
                 f"vmap: no batch rule for {op_label(node)} at opset {bx.opset} ({node_label(node)}); "
                 f"the batch dimension reaches it through {via}. Remedy: give that input in_axes None "
