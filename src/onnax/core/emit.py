@@ -90,8 +90,9 @@ class Emitter:
     # ------------------------------------------------------------------- constants
     def const(self, array: np.ndarray | ir.TensorProtocol) -> ir.Value:
         """A Constant holding ``array`` (cached: equal constants are emitted once)."""
-        tensor = array if not isinstance(array, np.ndarray) else ir.tensor(array)
-        data = tensor.numpy()
+        # The key comes from numpy: building an ir.Tensor first is slow and almost always a
+        # cache hit (scalars like 0 and 1 are asked for thousands of times in a big graph).
+        data = array if isinstance(array, np.ndarray) else array.numpy()
         key = (str(data.dtype), data.shape, data.tobytes())
         cached = self._constants.get(key)
         if cached is not None:

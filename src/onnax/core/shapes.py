@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 
+import numpy as np
 import onnx_ir as ir
 
 from onnax.core.emit import Emitter, InternalRuleError
@@ -55,8 +56,10 @@ def unbroadcast(em: Emitter, ct: ir.Value, operand: ir.Value, result: ir.Value) 
     """Sums cotangent ``ct`` (shaped like ``result``) back to the shape of ``operand``."""
     if same_shape(operand, result):
         return ct
-    target = _require_shape(operand, "unbroadcast")
-    full = _require_shape(result, "unbroadcast")
+    if operand.shape is None or result.shape is None:
+        return _unbroadcast_at_run_time(em, ct, operand)
+    target = operand.shape
+    full = result.shape
     lead = full.rank() - target.rank()
     if lead < 0:
         raise InternalRuleError(f"unbroadcast: {operand.name!r} has a higher rank than the result")
@@ -86,6 +89,28 @@ def unbroadcast(em: Emitter, ct: ir.Value, operand: ir.Value, result: ir.Value) 
     if lead:
         out = em.reduce_sum(out, list(range(lead)), keepdims=False)
     return out
+
+
+def _unbroadcast_at_run_time(em: Emitter, ct: ir.Value, operand: ir.Value) -> ir.Value:
+    """Unbroadcasts when inference lost a shape: every axis is decided in the graph.
+
+    The operand's shape is padded with leading 1s to the cotangent's rank; the leading axes and
+    the axes where the padded shape is 1 are summed, and the result is reshaped to the operand.
+    """
+    if em.opset < 13:
+        raise InternalRuleError("unbroadcast of values of unknown shape needs opset 13")
+    int64 = ir.DataType.INT64
+    ct_shape = em.op("Shape", [ct])
+    operand_shape = em.shape(operand)
+    rank = em.op("Shape", [ct_shape])
+    lead = em.op("Sub", [rank, em.op("Shape", [operand_shape])])
+    ones = em.op("ConstantOfShape", [lead], {"value": ir.tensor(np.ones(1, dtype=np.int64))})
+    padded = em.op("Concat", [ones, operand_shape], {"axis": 0})
+    index = em.op("Range", [em.scalar(0, int64), em.squeeze(rank, [0]), em.scalar(1, int64)])
+    summed = em.op("Or", [em.op("Less", [index, lead]), em.op("Equal", [padded, em.ints([1])])])
+    axes = em.op("Reshape", [em.op("NonZero", [summed]), em.ints([-1])])
+    out = em.op("ReduceSum", [ct, axes], {"keepdims": 1, "noop_with_empty_axes": 1})
+    return em.op("Reshape", [out, operand_shape])
 
 
 def _unbroadcast_axes_one_by_one(

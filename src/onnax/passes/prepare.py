@@ -25,6 +25,9 @@ MIN_OPSET = 11
 
 MAX_OPSET = onnx.defs.onnx_opset_version()
 
+DEFAULT_OPSET = 21
+"""The default-domain opset given to a model that imports none."""
+
 
 def infer_shapes(model: ir.Model) -> None:
     """Runs symbolic shape inference in place (sorting first, as inference walks in list order)."""
@@ -57,10 +60,10 @@ def _check(model: ir.Model, transform: str) -> ir.Model:
 def _opset(model: ir.Model, transform: str) -> int:
     opset = model.opset_imports.get("", model.opset_imports.get("ai.onnx"))
     if opset is None:
-        raise InvalidModelError(
-            f"{transform}: the model imports no default-domain opset; expected one in "
-            f"[{MIN_OPSET}, {MAX_OPSET}]. Add opset_imports={{'': <version>}} to the model."
-        )
+        # A model of other domains only (ai.onnx.ml, say): derivative nodes still need the
+        # default domain, at a version every supported runtime has.
+        opset = DEFAULT_OPSET
+        model.opset_imports[""] = opset
     if opset > MAX_OPSET:
         raise InvalidModelError(
             f"{transform}: the model uses default-domain opset {opset}, newer than the supported "

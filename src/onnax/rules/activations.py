@@ -226,9 +226,19 @@ def _abs(em: Emitter, node: ir.Node, x: ir.Value, y: ir.Value) -> ir.Value:
     return em.op("Sign", [x])
 
 
-def _relu(em: Emitter, node: ir.Node, x: ir.Value, y: ir.Value) -> ir.Value:
-    zero = _c(em, 0.0, x)
-    return _where(em, _greater(em, x, zero), _c(em, 1.0, x), zero)
+def _relu_jvp(em: Emitter, node: ir.Node, tangents: Tangents) -> list[ir.Value | None]:
+    # The mask reads the output, not the input: a second reader of the pre-activation would keep
+    # onnxruntime from fusing Relu into the MatMul/Gemm/Conv that feeds it. Where(mask, t, 0)
+    # also costs one pass instead of building a 0/1 coefficient and multiplying.
+    t, y = tangents[0], node.outputs[0]
+    if t is None:
+        return [None]
+    zero = _c(em, 0.0, y)
+    return [em.op("Where", [_greater(em, y, zero), t, zero])]
+
+
+for _v in (6, 13, 14):
+    jvp_rules.add("Relu", _relu_jvp, since_version=_v)
 
 
 def _leaky_relu(em: Emitter, node: ir.Node, x: ir.Value, y: ir.Value) -> ir.Value:
@@ -328,7 +338,6 @@ _UNARY: dict[str, tuple[tuple[int, ...], Coefficient]] = {
     "Erf": ((9, 13), _erf),
     "Tanh": ((6, 13), _tanh),
     "Sigmoid": ((6, 13), _sigmoid),
-    "Relu": ((6, 13, 14), _relu),
     "LeakyRelu": ((6, 16), _leaky_relu),
     "Elu": ((6, 22), _elu),
     "Selu": ((6, 22), _selu),
@@ -349,7 +358,7 @@ for _op, (_versions, _coef) in _UNARY.items():
 # ---------------------------------------------------------------------------------- vmap
 # Every one-input operator here acts on each element alone: the batched computation is the
 # operator applied to the batched input.
-register_vectorized_batch(_UNARY)
+register_vectorized_batch([*_UNARY, "Relu"])
 
 
 @batch_rules.register("PRelu", since_version=7)
