@@ -90,6 +90,9 @@ for _op in ("Add", "Sub"):
 def _mul_jvp(em: Emitter, node: ir.Node, tangents: Tangents) -> list[ir.Value | None]:
     (a, b), (ta, tb) = node.inputs, tangents
     assert a is not None and b is not None
+    if a is b and ta is not None:
+        # x * x: one term, 2x · t, instead of t·x + x·t.
+        return [em.op("Mul", [ta, em.op("Mul", [a, em.scalar(2.0, a)])])]
     terms = []
     if ta is not None:
         terms.append(em.op("Mul", [ta, b]))

@@ -172,6 +172,10 @@ def _matmul_transpose(
         # ct_a = ct @ bᵀ, laid out like a.
         if ra == 1 and rb == 1:
             return [em.op("Mul", [ct, b]), None]
+        if ra == 1 and rb == 2:
+            # ct [n] @ bᵀ [n, k]: a vector-matrix product, which stays one matrix product (not
+            # a stack of matrix-vector products) when vmap adds a batch axis to ct.
+            return [em.op("MatMul", [ct, _swap_last(em, b, 2)]), None]
         if ra == 1:
             # a [k] was lifted to [1, k]: ct [..., n] -> b @ ct[..., n, 1] = [..., k, 1], summed
             # over the batch axes and the appended one.
@@ -189,6 +193,9 @@ def _matmul_transpose(
     if ra == 1:
         # a[k, 1] @ ct[..., 1, n] = [..., k, n]: the batch axes are b's own, nothing to sum.
         return [None, em.op("MatMul", [em.unsqueeze(a, [1]), em.unsqueeze(ct, [rb - 2])])]
+    if rb == 1 and ra == 2:
+        # ct [m] @ a [m, k]: a vector-matrix product, one matrix product under vmap.
+        return [None, em.op("MatMul", [ct, a])]
     if rb == 1:
         # ct[..., 1, m] @ a[..., m, k] = [..., 1, k], summed over every axis but the last.
         r = em.op("MatMul", [em.unsqueeze(ct, [ra - 2]), a])
@@ -619,6 +626,12 @@ def _matmul_batch(
     assert a is not None and b is not None
     fa, fb = batched[0], batched[1]
     ra, rb = _batch_rank(node, 0), _batch_rank(node, 1)
+    # A stack of vectors against one shared matrix is one matrix product with the batch as its
+    # rows: no lifting, so onnxruntime can still fuse a following Add/activation into a Gemm.
+    if fa and not fb and ra == 1 and rb == 2:
+        return [bx.op("MatMul", [a, b])], [True]
+    if fb and not fa and rb == 1 and ra == 2:
+        return [bx.op("MatMul", [b, _swap_last(bx, a, 2)])], [True]
     lift_a, lift_b = fa and ra == 1, fb and rb == 1
     if lift_a:
         a, ra = bx.unsqueeze(a, [1]), 2
