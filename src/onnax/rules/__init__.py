@@ -21,6 +21,7 @@ FAMILIES = (
     "indexing",
     "zero",
     "random",
+    "norm",
 )
 
 _collected = False

@@ -227,14 +227,13 @@ def _abs(em: Emitter, node: ir.Node, x: ir.Value, y: ir.Value) -> ir.Value:
 
 
 def _relu_jvp(em: Emitter, node: ir.Node, tangents: Tangents) -> list[ir.Value | None]:
-    # The mask reads the output, not the input: a second reader of the pre-activation would keep
-    # onnxruntime from fusing Relu into the MatMul/Gemm/Conv that feeds it. Where(mask, t, 0)
-    # also costs one pass instead of building a 0/1 coefficient and multiplying.
+    # The coefficient is Sign(y): exactly 1 where y > 0 and 0 where y = 0, in one pass over the
+    # output. Reading the output rather than the input matters: a second reader of the
+    # pre-activation would keep onnxruntime from fusing Relu into the MatMul/Gemm/Conv before it.
     t, y = tangents[0], node.outputs[0]
     if t is None:
         return [None]
-    zero = _c(em, 0.0, y)
-    return [em.op("Where", [_greater(em, y, zero), t, zero])]
+    return [em.op("Mul", [t, em.op("Sign", [y])])]
 
 
 for _v in (6, 13, 14):
