@@ -116,6 +116,12 @@ def test_readme_example_runs() -> None:
             os.chdir(cwd)
     hvp = namespace["hvp"]
     check_model_valid(hvp)
+    per_example = namespace["per_example"]
+    check_model_valid(per_example)
+    xs = np.array([[1.0, 2.0], [3.0, -1.0]], np.float32)
+    w0 = np.array([0.5, -1.0], np.float32)
+    got = run(per_example, {"x": xs, "weight": w0})["grad_weight"]
+    np.testing.assert_allclose(got, 2 * xs * xs * w0, rtol=1e-6)
     x, w, v = (
         np.array([1.0, 2.0], np.float32),
         np.array([0.5, -1.0], np.float32),
