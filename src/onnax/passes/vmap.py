@@ -88,6 +88,15 @@ def _batch_dim_name(model: ir.Model) -> str:
     return name
 
 
+def _fresh(used: set[str], base: str) -> str:
+    name, k = base, 1
+    while name in used:
+        k += 1
+        name = f"{base}{k}"
+    used.add(name)
+    return name
+
+
 class VmapPass(ir.passes.FunctionalPass):
     """Maps a model over a new batch dimension of some of its inputs.
 
@@ -170,32 +179,41 @@ class VmapPass(ir.passes.FunctionalPass):
             graph.insert_before(graph[0], entry) if len(graph) else graph.extend(entry)
         for node in [n for n in graph if n not in entry]:
             self._batch_node(bx, node, env, batched)
+        used = {v.name for g in model.graphs() for n in g for v in n.outputs if v.name}
+        used.update(v.name for v in graph.inputs if v.name)
         for i, (y, axis) in enumerate(zip(outputs, out_axes, strict=True)):
             new = env.get(y, y)
             is_batched = new in batched
+            dims: list[int | ir.SymbolicDim] | None
             if axis is None:
                 if is_batched:
                     raise SelectionError(
-                        f"vmap: output {y.name!r} depends on a batched input, but out_axes gives it None. "
-                        "Give it a batch axis."
+                        f"vmap: output {y.name!r} depends on a batched input, but out_axes gives "
+                        "it None. Give it a batch axis."
                     )
-                continue
-            rank = (y.shape.rank() if y.shape is not None else 0) + 1
-            axis = _check_axis(axis, y, "output")
-            assert axis is not None
-            if not is_batched:
-                new = bx.materialize(new, False, y)
-            new = bx.move_axis(new, 0, axis, rank)
+                if new is y:
+                    continue
+                dims = list(y.shape.dims) if y.shape is not None else None
+            else:
+                rank = (y.shape.rank() if y.shape is not None else 0) + 1
+                axis = _check_axis(axis, y, "output")
+                assert axis is not None
+                if not is_batched:
+                    new = bx.materialize(new, False, y)
+                new = bx.move_axis(new, 0, axis, rank)
+                dims = list(y.shape.dims) if y.shape is not None else []
+                dims.insert(axis, dim)
             if new is y or new.is_graph_input() or new.is_graph_output():
                 new = bx.op("Identity", [new])
             graph.extend(bx.take())
+            # The public name moves to the new value. The original may live on (an unbatched node
+            # with several outputs still produces it), so it gets a fresh name, never none: an
+            # unnamed output reads as an omitted optional output.
             name = y.name
-            y.name = None
+            y.name = _fresh(used, f"{name}_unbatched")
             new.name = name
             new.type = y.type
-            dims = list(y.shape.dims) if y.shape is not None else []
-            dims.insert(axis, dim)
-            new.shape = ir.Shape(dims)
+            new.shape = ir.Shape(dims) if dims is not None else None
             graph.outputs[i] = new
         return ir.passes.PassResult(cleanup(model), modified=True)
 
