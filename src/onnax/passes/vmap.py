@@ -158,14 +158,14 @@ class VmapPass(ir.passes.FunctionalPass):
         for i, (x, axis) in enumerate(zip(inputs, in_axes, strict=True)):
             if axis is None:
                 continue
-            dims = list(x.shape.dims) if x.shape is not None else []
-            dims.insert(axis, dim)
-            new = ir.Value(name=x.name, type=x.type, shape=ir.Shape(dims))
+            in_dims = list(x.shape.dims) if x.shape is not None else []
+            in_dims.insert(axis, dim)
+            new = ir.Value(name=x.name, type=x.type, shape=ir.Shape(in_dims))
             # The original keeps its name for messages; it leaves the graph with its consumers.
             graph.inputs[i] = new
             if first_batched is None:
                 first_batched = (new, axis)
-            moved = bx.move_axis(new, axis, 0, len(dims))
+            moved = bx.move_axis(new, axis, 0, len(in_dims))
             env[x] = moved
             batched.add(moved)
         assert first_batched is not None
