@@ -22,6 +22,8 @@ FAMILIES = (
     "zero",
     "random",
     "norm",
+    "conv",
+    "pool",
 )
 
 _collected = False

@@ -40,18 +40,24 @@ Per operator:
   ``X``'s type.
 * **InstanceNormalization** (6, 22): standardised over the spatial axes ``2..rank-1`` per
   example and channel; scale and bias per channel.
-* **GroupNormalization** (18, 21): ``x`` is reshaped to ``[N, G, -1]`` and standardised over the
+* **GroupNormalization** (18, 21): ``x`` is reshaped to ``[N, G, K]`` (``K`` static when the
+  dimensions after N are, so reverse mode's mean counts are constants) and standardised over the
   last axis. At 18 scale and bias have ``G`` elements and apply per group (in the grouped
-  layout); at 21 they have ``C`` and apply per channel (after reshaping back).
-* **RMSNormalization** (23): over ``axis..rank-1``; ``Y`` has the scale's type (a cast when it
-  differs from ``X``'s).
+  layout); at 21 they have ``C`` and apply per channel (after reshaping back). onnx 1.23 marks
+  GroupNormalization-18 deprecated and its checker rejects it, so onnax refuses such models
+  before any rule runs; the rule is kept (and tested with that check relaxed) for when they get
+  through.
+* **RMSNormalization** (23): over ``axis..rank-1``. The schema gives the scale a type of its
+  own, but the function body multiplies it with the normalised ``X`` and onnx's type inference
+  gives ``Y`` the type of ``X``: in a valid model they agree, so no cast is needed.
 * **LpNormalization** (1, 22): ``y = x / n`` with ``n`` the L1 (``p=1``) or L2 (``p=2``) norm
   along ``axis``; ``dy = (t - y * sum(w * t)) / n`` with ``w = y`` for ``p=2`` and ``sign(x)``
   for ``p=1``. A zero slice (where onnxruntime outputs 0) gets tangent 0, through a
   ``Where``-guarded ``1/n`` (both branches finite, so reverse mode gives no NaN either).
 * **MeanVarianceNormalization** (9, 13): ``y = d / (s + 1e-9)``, ``d = x - mean``,
   ``s = sqrt(mean(d**2))`` over ``axes`` (the function body's ``E[x**2] - E[x]**2`` is the same
-  variance); ``dy = (t - mean(t) - y * mean(t * d / s)) / (s + 1e-9)``.
+  variance); ``dy = (t - mean(t) - y * mean(t * d / s)) / (s + 1e-9)``, with ``d / s`` taken as
+  0 on a constant slice (``s = 0``, where ``sqrt`` has a kink).
 * **LRN** (1, 13): ``y = x * D**-beta``, ``D = bias + alpha / size * S``, ``S`` the sum of
   ``x**2`` over the channel window ``[c - floor((size-1)/2), c + ceil((size-1)/2)]``. The window
   sum ``W`` is linear: one ``Pad`` of the channel axis and ``size`` ``Slice``s added up (their
@@ -77,6 +83,7 @@ counted from the end or per channel of a leading ``N`` axis are folded or shifte
 from __future__ import annotations
 
 import dataclasses
+import math
 from collections.abc import Sequence
 
 import numpy as np
@@ -216,8 +223,10 @@ def _standardize(
     *,
     center: bool = True,
 ) -> _Standardized:
-    """Recomputes the statistics of ``x`` (of element type ``dtype``) with a two-pass variance;
-    ``center=False`` is the RMS form."""
+    """Recomputes the statistics of ``x`` (element type ``dtype``) with a two-pass variance.
+
+    ``center=False`` is the RMS form (no mean is subtracted).
+    """
     mean = em.reduce("ReduceMean", x, axes, keepdims=True) if center else None
     d = em.op("Sub", [x, mean]) if mean is not None else x
     var = em.reduce("ReduceMean", em.op("Mul", [d, d]), axes, keepdims=True)
@@ -312,13 +321,11 @@ def _batch_norm_jvp(em: Emitter, node: ir.Node, tangents: Tangents) -> list[ir.V
             ],
         )
         full.append(em.op("Mul", [xhat, _per_channel(em, g, rank)]))
-    shift = None
+    # dB and dmean shift every element of a channel alike: combined per channel as well.
+    shift = tb
     if tm is not None:
-        shift = em.op("Neg", [em.op("Mul", [tm, a])])
-        if tb is not None:
-            shift = em.op("Sub", [tb, em.op("Mul", [tm, a])])
-    elif tb is not None:
-        shift = tb
+        moved = em.op("Mul", [tm, a])
+        shift = em.op("Neg", [moved]) if tb is None else em.op("Sub", [tb, moved])
     small = _per_channel(em, shift, rank) if shift is not None else None
     return [_sum_shaped(em, full, small, None, y), *rest]
 
@@ -370,14 +377,11 @@ def _rms_norm_jvp(em: Emitter, node: ir.Node, tangents: Tangents) -> list[ir.Val
         return [None]
     axes = _trailing_axes(node, x, int_attr(node, "axis", -1))
     s = _standardize(em, x, axes, _eps(node), _dtype(x), center=False)
-    # Y has the scale's element type; xhat is computed in X's.
-    xhat = _cast(em, s.xhat, _dtype(x), _dtype(scale))
     terms: list[ir.Value | None] = []
     if tx is not None:
-        dxhat = _cast(em, _standardized_tangent(em, tx, s).dxhat, _dtype(x), _dtype(scale))
-        terms.append(em.op("Mul", [dxhat, scale]))
+        terms.append(em.op("Mul", [_standardized_tangent(em, tx, s).dxhat, scale]))
     if ts is not None:
-        terms.append(em.op("Mul", [xhat, ts]))
+        terms.append(em.op("Mul", [s.xhat, ts]))
     return [_sum_shaped(em, terms, None, None, y)]
 
 
@@ -429,14 +433,26 @@ def _num_groups(node: ir.Node) -> int:
     return groups
 
 
+def _group_size(x: ir.Value, groups: int) -> int:
+    """The length of each group in the ``[N, G, K]`` layout; -1 (inferred) unless static.
+
+    A static ``K`` keeps the reductions' element counts static in reverse mode.
+    """
+    if x.shape is None:
+        return -1
+    dims = list(x.shape.dims[1:])
+    sizes = [d for d in dims if isinstance(d, int)]
+    return math.prod(sizes) // groups if len(sizes) == len(dims) else -1
+
+
 def _group_norm_jvp(per_channel: bool) -> JvpRule:
     def rule(em: Emitter, node: ir.Node, tangents: Tangents) -> list[ir.Value | None]:
         """Standardised in the ``[N, G, -1]`` layout; affine per group (18) or channel (21)."""
         x, y = _x(node), node.outputs[0]
         if all(t is None for t in tangents):
             return [None]
-        rank = _rank(node, x)
-        grouped = em.ints([0, _num_groups(node), -1])
+        rank, groups = _rank(node, x), _num_groups(node)
+        grouped = em.ints([0, groups, _group_size(x, groups)])
         s = _standardize(em, em.op("Reshape", [x, grouped]), [2], _eps(node), _dtype(x))
         tx = tangents[0]
         dxhat = None
@@ -509,7 +525,10 @@ def _mvn_jvp(em: Emitter, node: ir.Node, tangents: Tangents) -> list[ir.Value | 
     d = em.op("Sub", [x, em.reduce("ReduceMean", x, axes, keepdims=True)])
     std = em.op("Sqrt", [em.reduce("ReduceMean", em.op("Mul", [d, d]), axes, keepdims=True)])
     inv = em.op("Reciprocal", [em.op("Add", [std, em.scalar(_f32(_MVN_EPS), x)])])
-    unit = em.op("Div", [d, std])
+    # A constant slice has std 0 (a kink of sqrt): d is 0 there too, so dividing by 1 instead
+    # gives the unit vector 0 rather than 0/0.
+    is_zero = em.op("Equal", [std, em.scalar(0.0, x)])
+    unit = em.op("Div", [d, em.op("Where", [is_zero, em.scalar(1.0, x), std])])
     centered = em.op("Sub", [t, em.reduce("ReduceMean", t, axes, keepdims=True)])
     along = em.reduce("ReduceMean", em.op("Mul", [t, unit]), axes, keepdims=True)
     return [em.op("Mul", [em.op("Sub", [centered, em.op("Mul", [y, along])]), inv])]
@@ -565,9 +584,7 @@ def _lrn_jvp(em: Emitter, node: ir.Node, tangents: Tangents) -> list[ir.Value | 
         "Add", [em.scalar(bias, x), em.op("Mul", [square_sum, em.scalar(alpha / size, x)])]
     )
     direct = em.op("Mul", [t, em.op("Pow", [base, em.scalar(-beta, x)])])
-    coef = em.op(
-        "Mul", [em.op("Div", [y, base]), em.scalar(-2.0 * beta * alpha / size, x)]
-    )
+    coef = em.op("Mul", [em.op("Div", [y, base]), em.scalar(-2.0 * beta * alpha / size, x)])
     through_window = em.op("Mul", [_window_sum(em, em.op("Mul", [t, x]), size, rank), coef])
     return [em.op("Add", [direct, through_window])]
 
@@ -582,14 +599,26 @@ def _shift_axis(axis: int) -> int:
 
 
 def _fold(bx: Batcher, x: ir.Value, original: ir.Value) -> tuple[ir.Value, ir.Value]:
-    """``[B, N, ...]`` reshaped to ``[B*N, ...]``, and the batched shape to restore."""
-    shape = bx.unbatched_shape(x, True, original)
-    if original.shape is not None and original.shape.is_static():
-        fold_shape = bx.ints([-1, *list(original.shape.numpy())[1:]])
+    """``[B, N, ...]`` reshaped to ``[B*N, ...]``, and the batched shape to restore.
+
+    Constants where the example's dimensions after N are static (the usual case: only N is
+    symbolic); read from the batched value at run time otherwise.
+    """
+    dims = list(original.shape.dims) if original.shape is not None else None
+    if dims is None:
+        raise InternalRuleError(f"vmap: the rank of {original.name!r} is unknown")
+    inner = [d for d in dims[1:] if isinstance(d, int)]
+    if len(inner) == len(dims) - 1:
+        fold_shape = bx.ints([-1, *inner])
     else:
-        rest = bx.slice(shape, [1], [_INT64_MAX], [0])
+        full = bx.op("Shape", [x])
+        rest = bx.slice(full, [2], [_INT64_MAX], [0])
         fold_shape = bx.op("Concat", [bx.ints([-1]), rest], {"axis": 0})
-    return bx.op("Reshape", [x, fold_shape]), bx.batched_shape(shape)
+    if isinstance(dims[0], int) and len(inner) == len(dims) - 1:
+        restore = bx.batched_shape(bx.ints([dims[0], *inner]))
+    else:
+        restore = bx.op("Shape", [x])
+    return bx.op("Reshape", [x, fold_shape]), restore
 
 
 def _folded_batch(bx: Batcher, node: ir.Node, args: Args) -> ir.Value:
@@ -602,8 +631,10 @@ def _folded_batch(bx: Batcher, node: ir.Node, args: Args) -> ir.Value:
 
 
 def _channel_param(bx: Batcher, p: ir.Value, batched: bool, rank: int) -> ir.Value:
-    """A per-channel ``[C]`` (or batched ``[B, C]``) parameter broadcasting along axis 1 of a
-    rank-``rank`` example (``[B, 1, C, 1, ...]`` when batched)."""
+    """A per-channel parameter broadcasting along axis 1 of a rank-``rank`` example.
+
+    ``[C]`` becomes ``[C, 1, ..., 1]``; a batched ``[B, C]`` becomes ``[B, 1, C, 1, ...]``.
+    """
     if batched:
         return bx.unsqueeze(p, [1, *range(3, rank + 1)])
     return bx.unsqueeze(p, list(range(1, rank - 1)))
@@ -623,7 +654,9 @@ def _channels(bx: Batcher, x: ir.Value, batched: bool, original: ir.Value) -> ir
     return bx.slice(bx.unbatched_shape(x, batched, original), [1], [2], [0])
 
 
-def _normalized(bx: Batcher, node: ir.Node, args: Args, batched: Sequence[bool], groups: int | None) -> ir.Value:
+def _normalized(
+    bx: Batcher, node: ir.Node, args: Args, batched: Sequence[bool], groups: int | None
+) -> ir.Value:
     """Instance/GroupNorm of the data with unit scale and zero bias, batched like the data.
 
     ``groups`` is the length of GroupNorm-18's parameters; None for one per channel.
@@ -639,7 +672,9 @@ def _normalized(bx: Batcher, node: ir.Node, args: Args, batched: Sequence[bool],
     return bx.op("Reshape", [bx.op(node.op_type, [folded, ones, zeros], attrs), restore])
 
 
-def _instance_norm_batch(bx: Batcher, node: ir.Node, args: Args, batched: Sequence[bool]) -> BatchResult:
+def _instance_norm_batch(
+    bx: Batcher, node: ir.Node, args: Args, batched: Sequence[bool]
+) -> BatchResult:
     if not any(batched[1:]):
         return [_folded_batch(bx, node, args)], [True]
     rank = _rank(node, _x(node))
@@ -673,7 +708,9 @@ def _group_norm_batch(per_channel: bool) -> BatchRule:
 
         y = bx.op("Mul", [grouped, param(scale, batched[1])])
         y = bx.op("Add", [y, param(bias, batched[2])])
-        shape = bx.batched_shape(bx.unbatched_shape(args[0], batched[0], original))  # type: ignore[arg-type]
+        x = args[0]
+        assert x is not None
+        shape = bx.batched_shape(bx.unbatched_shape(x, batched[0], original))
         return [bx.op("Reshape", [y, shape])], [True]
 
     return rule
@@ -683,7 +720,9 @@ for _v, _per in ((18, False), (21, True)):
     batch_rules.add("GroupNormalization", _group_norm_batch(_per), since_version=_v)
 
 
-def _batch_norm_batch(bx: Batcher, node: ir.Node, args: Args, batched: Sequence[bool]) -> BatchResult:
+def _batch_norm_batch(
+    bx: Batcher, node: ir.Node, args: Args, batched: Sequence[bool]
+) -> BatchResult:
     _refuse_training(node, bx.opset, "vmap")
     rest: list[ir.Value | None] = [None] * (len(node.outputs) - 1)
     if not any(batched[1:]):
@@ -728,9 +767,9 @@ def _trailing_norm_batch(has_stats: bool) -> BatchRule:
             )
             return list(outs), [True] * n_out
         # A batched Scale/B: normalise with a unit scale, then the affine part elementwise.
-        scale, original = args[1], _x(node)
-        assert scale is not None
-        one = bx.scalar(1.0, _dtype(node.inputs[1]))  # type: ignore[arg-type]
+        scale, original, scale_0 = args[1], _x(node), node.inputs[1]
+        assert scale is not None and scale_0 is not None
+        one = bx.scalar(1.0, _dtype(scale_0))
         outs = bx.op_multi(
             node.op_type,
             [x, one],
@@ -738,10 +777,10 @@ def _trailing_norm_batch(has_stats: bool) -> BatchRule:
             num_outputs=n_out,
         )
         rank = _rank(node, original)
-        y = bx.op("Mul", [outs[0], bx.align(scale, batched[1], node.inputs[1], rank)])  # type: ignore[arg-type]
-        bias = args[2] if len(args) > 2 else None
-        if bias is not None:
-            y = bx.op("Add", [y, bx.align(bias, batched[2], node.inputs[2], rank)])  # type: ignore[arg-type]
+        y = bx.op("Mul", [outs[0], bx.align(scale, batched[1], scale_0, rank)])
+        bias, bias_0 = (args[2], node.inputs[2]) if len(args) > 2 else (None, None)
+        if bias is not None and bias_0 is not None:
+            y = bx.op("Add", [y, bx.align(bias, batched[2], bias_0, rank)])
         if not has_stats:
             return [y], [True]
         return [y, *outs[1:]], [True] + [batched[0]] * (n_out - 1)

@@ -1,0 +1,533 @@
+"""Normalization operators (rules in onnax.rules.norm).
+
+Every case has a symbolic batch dimension N and is differentiated in all its floating-point
+inputs (BatchNormalization also in mean and var). Opsets straddle the schema changes:
+BatchNormalization 9/14/15, InstanceNormalization 6/22, GroupNormalization 18/21 (per-group to
+per-channel scale), LpNormalization 1/22, MeanVarianceNormalization 9/13, LRN 1/13.
+
+Double is tested wherever onnxruntime 1.32 runs it at double precision. Float only, because:
+
+* InstanceNormalization, LRN and MeanVarianceNormalization have no double kernel (MVN-13's
+  function body adds a float epsilon to a double, which fails to type-check);
+* LayerNormalization's Mean/InvStdDev outputs are float32 (type U) even for a double X: double
+  finite differences (eps 1e-6) of float32 values are noise, so the cases with those outputs are
+  float (double LayerNorm with only Y is tested);
+* GroupNormalization-21 with the default stash_type=1 computes in float32; its double case sets
+  stash_type=11 (valid for float too).
+
+onnxruntime's LRN needs a 4-D input and an odd size.
+
+vmap is checked on every case (all inputs batched at 0, 1, -1; only X batched, which folds the
+batch or shifts the axis; X shared with batched parameters, which takes the elementwise affine
+path), and on the jvp/vjp models of a selection. Second order (jvp of the vjp model) is checked
+for every operator.
+
+GroupNormalization-18 is deprecated in onnx 1.23, whose checker rejects it (so onnax refuses such
+models before any rule runs); onnxruntime still runs it. To check the rule kept for it, this module
+lets the checker pass that one deprecation (``_tolerate_deprecated_group_norm``).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+
+import numpy as np
+import onnx
+import onnx.checker
+import onnx_ir as ir
+import pytest
+
+import onnax
+from cases import Case, away_from_zero, case_id, parametrize, positive, run_case, run_vmap_case
+from onnax.errors import UnsupportedOperatorError
+from oracles import check_jvp, check_vmap, run
+
+FLOAT = ("float",)
+
+
+@pytest.fixture(autouse=True)
+def _tolerate_deprecated_group_norm(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
+    """onnx.checker without its refusal of the deprecated GroupNormalization-18 (only that)."""
+    original = onnx.checker.check_model
+
+    def check_model(model: object, *args: object, **kwargs: object) -> None:
+        try:
+            original(model, *args, **kwargs)  # type: ignore[arg-type]
+        except onnx.checker.ValidationError as err:
+            if "GroupNormalization is deprecated" not in str(err):
+                raise
+
+    monkeypatch.setattr(onnx.checker, "check_model", check_model)
+    yield
+
+
+def moderate(rng: np.random.Generator, shape: tuple[int, ...], dtype: np.dtype) -> np.ndarray:
+    """Spread-out values (uniform in [-2, 2]): no slice has a tiny variance, which would make
+    the normalisation's derivative huge and float32 differences inaccurate."""
+    return rng.uniform(-2.0, 2.0, shape).astype(dtype)
+
+
+BN_FILL = {"X": moderate, "var": positive}
+BN_IN = "{T}[N, 3, 2, 2] X, {T}[3] scale, {T}[3] B, {T}[3] mean, {T}[3] var"
+
+CASES = [
+    # ---------------------------------------------------------------- BatchNormalization
+    Case(
+        "BatchNorm-9",
+        f"g ({BN_IN}) => ({{T}}[N, 3, 2, 2] Y) {{ Y = BatchNormalization<epsilon=0.01>(X, scale, B, mean, var) }}",
+        opsets=(11, 13),
+        fill=BN_FILL,
+    ),
+    Case(
+        "BatchNorm-rank2",
+        "g ({T}[N, 3] X, {T}[3] scale, {T}[3] B, {T}[3] mean, {T}[3] var) => ({T}[N, 3] Y) "
+        "{ Y = BatchNormalization(X, scale, B, mean, var) }",
+        opsets=(14,),
+        fill=BN_FILL,
+    ),
+    Case(
+        "BatchNorm-15",
+        "g ({T}[N, 3, 4] X, {T}[3] scale, {T}[3] B, {T}[3] mean, {T}[3] var) => ({T}[N, 3, 4] Y) "
+        "{ Y = BatchNormalization<training_mode=0, epsilon=0.001>(X, scale, B, mean, var) }",
+        opsets=(15, 21),
+        fill=BN_FILL,
+    ),
+    Case(
+        "BatchNorm-params-only",
+        f"g ({BN_IN}) => ({{T}}[N, 3, 2, 2] Y) {{ Y = BatchNormalization(X, scale, B, mean, var) }}",
+        opsets=(15,),
+        fill=BN_FILL,
+        inputs=["B", "var"],
+    ),
+    # ---------------------------------------------------------------- LayerNormalization
+    Case(
+        "LayerNorm-last",
+        "g ({T}[N, 2, 3] X, {T}[3] S, {T}[3] B) => ({T}[N, 2, 3] Y) "
+        "{ Y = LayerNormalization(X, S, B) }",
+        opsets=(17, 21),
+        fill={"X": moderate},
+    ),
+    Case(
+        "LayerNorm-axis1-noB",
+        "g ({T}[N, 2, 3] X, {T}[2, 3] S) => ({T}[N, 2, 3] Y) "
+        "{ Y = LayerNormalization<axis=1, epsilon=0.001>(X, S) }",
+        opsets=(18,),
+        fill={"X": moderate},
+    ),
+    Case(
+        # Scale and B broadcast over the normalised [2, 3] block: reverse mode sums them back.
+        "LayerNorm-broadcast",
+        "g ({T}[N, 2, 3] X, {T}[3] S, {T}[1] B) => ({T}[N, 2, 3] Y) "
+        "{ Y = LayerNormalization<axis=-2>(X, S, B) }",
+        opsets=(17,),
+        fill={"X": moderate},
+    ),
+    Case(
+        "LayerNorm-stats",
+        "g ({T}[N, 2, 3] X, {T}[2, 3] S, {T}[2, 3] B) => ({T}[N, 2, 3] Y, float[N, 1, 1] M, "
+        "float[N, 1, 1] I) { Y, M, I = LayerNormalization<axis=1>(X, S, B) }",
+        opsets=(17, 23),
+        fill={"X": moderate},
+        dtypes=FLOAT,
+    ),
+    Case(
+        # An omitted Mean output in the middle.
+        "LayerNorm-invstd-only",
+        "g ({T}[N, 4] X, {T}[4] S) => ({T}[N, 4] Y, float[N, 1] I) "
+        "{ Y, , I = LayerNormalization(X, S) }",
+        opsets=(18,),
+        fill={"X": moderate},
+        dtypes=FLOAT,
+    ),
+    # ---------------------------------------------------------------- InstanceNormalization
+    Case(
+        "InstanceNorm-4d",
+        "g ({T}[N, 3, 2, 3] X, {T}[3] S, {T}[3] B) => ({T}[N, 3, 2, 3] Y) "
+        "{ Y = InstanceNormalization<epsilon=0.01>(X, S, B) }",
+        opsets=(11, 21, 22),
+        fill={"X": moderate},
+        dtypes=FLOAT,
+    ),
+    Case(
+        "InstanceNorm-3d",
+        "g ({T}[N, 2, 4] X, {T}[2] S, {T}[2] B) => ({T}[N, 2, 4] Y) "
+        "{ Y = InstanceNormalization(X, S, B) }",
+        opsets=(13,),
+        fill={"X": moderate},
+        dtypes=FLOAT,
+    ),
+    # ---------------------------------------------------------------- GroupNormalization
+    Case(
+        "GroupNorm-18",
+        "g ({T}[N, 4, 2, 2] X, {T}[2] S, {T}[2] B) => ({T}[N, 4, 2, 2] Y) "
+        "{ Y = GroupNormalization<num_groups=2, epsilon=0.001>(X, S, B) }",
+        opsets=(18, 20),
+        fill={"X": moderate},
+    ),
+    Case(
+        "GroupNorm-21",
+        "g ({T}[N, 4, 2, 2] X, {T}[4] S, {T}[4] B) => ({T}[N, 4, 2, 2] Y) "
+        "{ Y = GroupNormalization<num_groups=2, stash_type=11>(X, S, B) }",
+        opsets=(21, 23),
+        fill={"X": moderate},
+    ),
+    Case(
+        "GroupNorm-21-rank3",
+        "g ({T}[N, 6, 2] X, {T}[6] S, {T}[6] B) => ({T}[N, 6, 2] Y) "
+        "{ Y = GroupNormalization<num_groups=3, stash_type=11>(X, S, B) }",
+        opsets=(22,),
+        fill={"X": moderate},
+    ),
+    # ---------------------------------------------------------------- RMSNormalization
+    Case(
+        "RMSNorm-last",
+        "g ({T}[N, 2, 3] X, {T}[3] S) => ({T}[N, 2, 3] Y) { Y = RMSNormalization(X, S) }",
+        opsets=(23, 24),
+    ),
+    Case(
+        "RMSNorm-axis1",
+        "g ({T}[N, 2, 3] X, {T}[2, 3] S) => ({T}[N, 2, 3] Y) "
+        "{ Y = RMSNormalization<axis=1, epsilon=0.01>(X, S) }",
+        opsets=(23,),
+    ),
+    # ---------------------------------------------------------------- LpNormalization
+    Case(
+        "LpNorm-p2-axis1",
+        "g ({T}[N, 3, 2] X) => ({T}[N, 3, 2] Y) { Y = LpNormalization<axis=1, p=2>(X) }",
+        opsets=(11, 21),
+    ),
+    Case(
+        "LpNorm-p1-last",
+        "g ({T}[N, 3, 4] X) => ({T}[N, 3, 4] Y) { Y = LpNormalization<p=1>(X) }",
+        opsets=(13, 22),
+        fill={"X": away_from_zero},
+    ),
+    Case(
+        "LpNorm-default",
+        "g ({T}[N, 4] X) => ({T}[N, 4] Y) { Y = LpNormalization(X) }",
+        opsets=(22,),
+    ),
+    # ---------------------------------------------------------------- MeanVarianceNormalization
+    Case(
+        # The default axes [0, 2, 3], spelled out: onnx's full check (shape inference of the
+        # function body) fails on an MVN node without the axes attribute.
+        "MVN-default",
+        "g ({T}[N, 2, 3, 2] X) => ({T}[N, 2, 3, 2] Y) "
+        "{ Y = MeanVarianceNormalization<axes=[0, 2, 3]>(X) }",
+        opsets=(11, 13),
+        fill={"X": moderate},
+        dtypes=FLOAT,
+    ),
+    Case(
+        "MVN-axes",
+        "g ({T}[N, 2, 3] X) => ({T}[N, 2, 3] Y) { Y = MeanVarianceNormalization<axes=[1, -1]>(X) }",
+        opsets=(18,),
+        fill={"X": moderate},
+        dtypes=FLOAT,
+    ),
+    # ---------------------------------------------------------------------------------- LRN
+    Case(
+        "LRN-size3",
+        "g ({T}[N, 4, 2, 2] X) => ({T}[N, 4, 2, 2] Y) "
+        "{ Y = LRN<size=3, alpha=0.6, beta=0.75, bias=1.5>(X) }",
+        opsets=(11, 13),
+        dtypes=FLOAT,
+    ),
+    Case(
+        # A window wider than the channels, and a symbolic channel count (Slice bounds
+        # counted from the end; the transposes scatter instead of padding).
+        "LRN-size5-symbolic-C",
+        "g ({T}[N, C, 2, 1] X) => ({T}[N, C, 2, 1] Y) { Y = LRN<size=5, alpha=0.8, beta=0.5>(X) }",
+        opsets=(13,),
+        dims={"C": 3},
+        dtypes=FLOAT,
+    ),
+    Case(
+        "LRN-size1",
+        "g ({T}[N, 2, 2, 2] X) => ({T}[N, 2, 2, 2] Y) { Y = LRN<size=1, alpha=0.5>(X) }",
+        opsets=(13,),
+        dtypes=FLOAT,
+    ),
+]
+
+
+@pytest.mark.parametrize(("case", "dtype", "opset"), parametrize(CASES), ids=case_id)
+def test_rule(case: Case, dtype: str, opset: int) -> None:
+    run_case(case, dtype, opset)
+
+
+def _vmap_params() -> list[tuple[Case, str, int]]:
+    """Each case at each of its opsets, alternating dtypes where the case has both."""
+    params, k = [], 0
+    for c in CASES:
+        for o in c.opsets:
+            params.append((c, c.dtypes[k % len(c.dtypes)], o))
+            k += 1
+    return params
+
+
+@pytest.mark.parametrize(("case", "dtype", "opset"), _vmap_params(), ids=case_id)
+def test_vmap(case: Case, dtype: str, opset: int) -> None:
+    run_vmap_case(case, dtype, opset)
+
+
+@pytest.mark.parametrize(
+    ("case", "dtype", "opset"),
+    [p for p in _vmap_params() if len(p[0].model(p[1], p[2]).graph.inputs) > 1],
+    ids=case_id,
+)
+def test_vmap_shared_data(case: Case, dtype: str, opset: int) -> None:
+    """The data shared, the parameters batched (a per-example scale/bias/mean/var)."""
+    model = case.model(dtype, opset)
+    feeds = case.feeds(model)
+    axes = {v.name: (None if i == 0 else 0) for i, v in enumerate(model.graph.inputs)}
+    check_vmap(model, feeds, in_axes=axes)
+    # One parameter batched alone (the bias, or BatchNorm's var): the others stay shared.
+    last = model.graph.inputs[-1].name
+    check_vmap(model, feeds, in_axes={last: -1})
+
+
+def _case(name: str) -> Case:
+    return next(c for c in CASES if c.name == name)
+
+
+def _ops(model: ir.Model) -> list[str]:
+    return [n.op_type for n in model.graph]
+
+
+# ------------------------------------------------------------------------- graph shape
+def test_vmap_folds_or_shifts() -> None:
+    """Only X batched: one node of the operator itself (folded batch or shifted axis)."""
+    for name, opset, op in [
+        ("BatchNorm-9", 13, "BatchNormalization"),
+        ("InstanceNorm-4d", 22, "InstanceNormalization"),
+        ("GroupNorm-18", 18, "GroupNormalization"),
+        ("LRN-size3", 13, "LRN"),
+        ("LayerNorm-axis1-noB", 18, "LayerNormalization"),
+    ]:
+        model = _case(name).model("float", opset)
+        axes = {v.name: (0 if i == 0 else None) for i, v in enumerate(model.graph.inputs)}
+        ops = _ops(onnax.vmap(model, in_axes=axes))
+        assert ops.count(op) == 1, (name, ops)
+    vm = onnax.vmap(_case("LayerNorm-axis1-noB").model("float", 18), in_axes={"X": 0, "S": None})
+    (node,) = [n for n in vm.graph if n.op_type == "LayerNormalization"]
+    assert node.attributes.get_int("axis") == 2
+
+
+def test_layer_norm_tangent_uses_ordinary_operators() -> None:
+    """The tangent of LayerNorm is built of ordinary operators (reverse mode: their transposes);
+    the only LayerNormalization left is the primal one."""
+    model = _case("LayerNorm-stats").model("float", 17)
+    jm = onnax.jvp(model)
+    ops = set(_ops(jm))
+    assert ops <= {
+        "LayerNormalization",
+        "ReduceMean",
+        "Sub",
+        "Mul",
+        "Add",
+        "Sqrt",
+        "Reciprocal",
+        "Neg",
+        "Constant",
+    }, ops
+    assert _ops(jm).count("LayerNormalization") == 1
+
+
+# ------------------------------------------------------------------------- second order
+SECOND_ORDER = [
+    ("BatchNorm-9", 11),
+    ("LayerNorm-last", 17),
+    ("GroupNorm-18", 18),
+    ("GroupNorm-21", 21),
+    ("RMSNorm-axis1", 23),
+    ("LpNorm-p2-axis1", 21),
+    ("LpNorm-p1-last", 22),
+]
+
+
+@pytest.mark.parametrize(("name", "opset"), SECOND_ORDER, ids=[f"{n}-{o}" for n, o in SECOND_ORDER])
+def test_second_order(name: str, opset: int) -> None:
+    """jvp of the vjp model (a Hessian-vector product) against its differences."""
+    case = _case(name)
+    model = case.model("double", opset)
+    feeds = case.feeds(model)
+    inputs = [v.name for v in model.graph.inputs]
+    vm = onnax.vjp(model, inputs)
+    rng = np.random.default_rng(3)
+    for seed in vm.graph.inputs[len(model.graph.inputs) :]:
+        shape = [d if isinstance(d, int) else 3 for d in seed.shape.dims]
+        feeds[seed.name] = rng.standard_normal(shape)
+    check_jvp(vm, feeds, inputs)
+
+
+def test_second_order_float_only_ops() -> None:
+    """The same for operators onnxruntime runs in float only (LRN, MVN, InstanceNorm)."""
+    for name, opset in [("LRN-size3", 13), ("MVN-axes", 18), ("InstanceNorm-3d", 13)]:
+        case = _case(name)
+        model = case.model("float", opset)
+        feeds = case.feeds(model)
+        vm = onnax.vjp(model, ["X"])
+        rng = np.random.default_rng(3)
+        for seed in vm.graph.inputs[len(model.graph.inputs) :]:
+            shape = [d if isinstance(d, int) else 3 for d in seed.shape.dims]
+            feeds[seed.name] = rng.standard_normal(shape).astype(np.float32)
+        check_jvp(vm, feeds, ["X"])
+
+
+# ------------------------------------------------------------------------- vmap of derivatives
+DERIVATIVES = [
+    ("BatchNorm-15", 15, "double"),
+    ("LayerNorm-last", 17, "double"),
+    ("GroupNorm-18", 18, "double"),
+    ("GroupNorm-21-rank3", 22, "double"),
+    ("InstanceNorm-4d", 22, "float"),
+    ("RMSNorm-last", 23, "double"),
+    ("LpNorm-p1-last", 13, "double"),
+    ("MVN-default", 13, "float"),
+    ("LRN-size3", 13, "float"),
+]
+
+
+def _derived(name: str, opset: int, dtype: str, mode: str) -> tuple[ir.Model, dict, list[ir.Value]]:
+    case = _case(name)
+    model = case.model(dtype, opset)
+    feeds = case.feeds(model)
+    derived = onnax.jvp(model) if mode == "jvp" else onnax.vjp(model)
+    rng = np.random.default_rng(5)
+    extra = list(derived.graph.inputs[len(model.graph.inputs) :])
+    np_dtype = np.float64 if dtype == "double" else np.float32
+    for v in extra:
+        shape = [d if isinstance(d, int) else 3 for d in v.shape.dims]
+        feeds[v.name] = rng.standard_normal(shape).astype(np_dtype)
+    return derived, feeds, extra
+
+
+@pytest.mark.parametrize("mode", ["jvp", "vjp"])
+@pytest.mark.parametrize(
+    ("name", "opset", "dtype"), DERIVATIVES, ids=[f"{n}-{o}" for n, o, _ in DERIVATIVES]
+)
+def test_vmap_of_derivatives(name: str, opset: int, dtype: str, mode: str) -> None:
+    """vmap of the jvp/vjp models with every input batched."""
+    derived, feeds, _ = _derived(name, opset, dtype, mode)
+    check_vmap(derived, feeds, in_axes=0)
+
+
+@pytest.mark.parametrize("mode", ["jvp", "vjp"])
+@pytest.mark.parametrize(
+    ("name", "opset", "dtype"), DERIVATIVES, ids=[f"{n}-{o}" for n, o, _ in DERIVATIVES]
+)
+def test_vmap_of_derivatives_seeds_only(name: str, opset: int, dtype: str, mode: str) -> None:
+    """vmap of the jvp/vjp models over the tangents/seeds alone (rows of a Jacobian)."""
+    derived, feeds, extra = _derived(name, opset, dtype, mode)
+    check_vmap(derived, feeds, in_axes={v.name: -1 for v in extra})
+
+
+# ------------------------------------------------------------------------- refusals
+BN_TRAINING = [
+    (
+        "attr",
+        15,
+        "g (float[N, 3] X, float[3] s, float[3] b, float[3] m, float[3] v) => (float[N, 3] Y) "
+        "{ Y = BatchNormalization<training_mode=1>(X, s, b, m, v) }",
+        "training_mode=1",
+    ),
+    (
+        "outputs",
+        11,
+        "g (float[N, 3] X, float[3] s, float[3] b, float[3] m, float[3] v) => (float[N, 3] Y, "
+        "float[3] M, float[3] V, float[3] SM, float[3] SV) "
+        "{ Y, M, V, SM, SV = BatchNormalization(X, s, b, m, v) }",
+        "'M', 'V', 'SM', 'SV'",
+    ),
+]
+
+
+@pytest.mark.parametrize(
+    ("kind", "opset", "text", "what"), BN_TRAINING, ids=[k[0] for k in BN_TRAINING]
+)
+def test_batch_norm_training_is_refused(kind: str, opset: int, text: str, what: str) -> None:
+    model = ir.from_onnx_text(f'<ir_version: 10, opset_import: ["" : {opset}]>\n{text}')
+    for transform, call in [
+        ("jvp", lambda: onnax.jvp(model, ["X"])),
+        ("vmap", lambda: onnax.vmap(model, in_axes={"X": 0})),
+    ]:
+        with pytest.raises(UnsupportedOperatorError) as err:
+            call()
+        message = str(err.value)
+        assert message.startswith(f"{transform}:"), message
+        assert "ai.onnx::BatchNormalization" in message and f"at opset {opset}" in message
+        assert "'Y'" in message and what in message
+        assert "inference" in message and "model.eval()" in message
+
+
+def test_lp_norm_other_p_is_refused() -> None:
+    model = ir.from_onnx_text(
+        '<ir_version: 10, opset_import: ["" : 22]>\n'
+        "g (float[N, 3] X) => (float[N, 3] Y) { Y = LpNormalization<p=3>(X) }"
+    )
+    with pytest.raises(UnsupportedOperatorError) as err:
+        onnax.jvp(model)
+    message = str(err.value)
+    assert "ai.onnx::LpNormalization" in message and "p=3" in message and "'Y'" in message
+    assert "p=1 and p=2" in message and "Remedy" in message
+
+
+def test_layer_norm_unknown_rank() -> None:
+    """A negative axis needs no rank (checked against differences); a non-negative one does."""
+    text = (
+        "g (float[N, 4] X, float[4] S, int64[K] E) => (float[N, 4] Y) "
+        "{{ Z = Expand(X, E)\n Y = LayerNormalization<axis={axis}>(Z, S) }}"
+    )
+    header = '<ir_version: 10, opset_import: ["" : 18]>\n'
+    model = ir.from_onnx_text(header + text.format(axis=-1))
+    rng = np.random.default_rng(0)
+    feeds = {
+        "X": rng.uniform(-2, 2, (3, 4)).astype(np.float32),
+        "S": rng.standard_normal(4).astype(np.float32),
+        "E": np.array([3, 4], np.int64),
+    }
+    check_jvp(model, feeds, ["X", "S"])
+    with pytest.raises(UnsupportedOperatorError) as err:
+        onnax.jvp(ir.from_onnx_text(header + text.format(axis=1)), ["X"])
+    message = str(err.value)
+    assert "ai.onnx::LayerNormalization" in message and "'Y'" in message
+    assert "rank" in message and "Remedy" in message
+
+
+def test_layer_norm_double_stats_are_cast() -> None:
+    """For a double X, Mean and InvStdDev are float32 (the stash type): so are their tangents.
+
+    (Finite differences of float32 outputs in double are noise, so the values are checked
+    against the formulas: mean(t), and -inv**2 * mean(xhat * t).)
+    """
+    model = _case("LayerNorm-stats").model("double", 17)
+    feeds = _case("LayerNorm-stats").feeds(model)
+    jm = onnax.jvp(model, ["X"])
+    t = np.random.default_rng(1).standard_normal(feeds["X"].shape)
+    got = run(jm, {**feeds, jm.graph.inputs[3].name: t})
+    dmean, dinv = (got[o.name] for o in jm.graph.outputs[4:6])
+    assert dmean.dtype == np.float32 and dinv.dtype == np.float32
+    x = feeds["X"]
+    mean = x.mean(axis=(1, 2), keepdims=True)
+    inv = 1.0 / np.sqrt(((x - mean) ** 2).mean(axis=(1, 2), keepdims=True) + np.float32(1e-5))
+    xhat = (x - mean) * inv
+    np.testing.assert_allclose(dmean, t.mean(axis=(1, 2), keepdims=True), rtol=1e-5, atol=1e-6)
+    expected = -(inv**2) * (xhat * t).mean(axis=(1, 2), keepdims=True)
+    np.testing.assert_allclose(dinv, expected, rtol=1e-5, atol=1e-6)
+
+
+@pytest.mark.parametrize("mode", ["jvp", "vjp"])
+def test_batch_norm_mixed_element_types_build(mode: str) -> None:
+    """BatchNormalization-15 allows scale/bias and mean/var of other element types than X.
+    onnxruntime has no such float/double kernel, so only the derivative models are checked
+    (onnx.checker with full shape inference): the parameters and their tangents are cast."""
+    text = (
+        '<ir_version: 10, opset_import: ["" : 15]>\n'
+        "g (float[N, 3, 2] X, double[3] s, double[3] b, double[3] m, double[3] v) "
+        "=> (float[N, 3, 2] Y) { Y = BatchNormalization(X, s, b, m, v) }"
+    )
+    model = ir.from_onnx_text(text)
+    derived = onnax.jvp(model) if mode == "jvp" else onnax.vjp(model)
+    onnx.checker.check_model(ir.to_proto(derived), full_check=True)
+    assert "Cast" in _ops(derived)
