@@ -99,3 +99,14 @@ def test_every_emitted_operator_has_a_batch_rule(emitted) -> None:
         if batch_rules.lookup("", op, opset) is None
     }
     assert not missing, f"operators in derivative models without a batch rule: {missing}"
+
+
+def test_operator_docs_are_generated_from_the_registry() -> None:
+    import pathlib
+
+    from onnax.rules.catalog import operators_markdown
+
+    path = pathlib.Path(__file__).parents[1] / "docs" / "operators.md"
+    assert path.read_text() == operators_markdown(), (
+        "docs/operators.md is stale: run `uv run python -m onnax.rules.catalog > docs/operators.md`"
+    )

@@ -14,19 +14,12 @@ import onnx_ir as ir
 import onnx_ir.passes.common as common
 from onnx_shape_inference import infer_symbolic_shapes
 
+from onnax.core.opsets import DEFAULT_OPSET, MAX_OPSET, MIN_OPSET
 from onnax.errors import InvalidModelError
 
 __all__ = ["MIN_OPSET", "infer_shapes", "prepare"]
 
 logger = logging.getLogger(__name__)
-
-MIN_OPSET = 11
-"""The oldest default-domain opset the rules serve; older models are converted to it first."""
-
-MAX_OPSET = onnx.defs.onnx_opset_version()
-
-DEFAULT_OPSET = 21
-"""The default-domain opset given to a model that imports none."""
 
 
 def infer_shapes(model: ir.Model) -> None:
