@@ -5,7 +5,6 @@ from __future__ import annotations
 import onnx_ir as ir
 import onnx_ir.passes.common as common
 
-
 __all__ = ["cleanup", "set_output_type"]
 
 

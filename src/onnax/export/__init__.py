@@ -1,0 +1,1 @@
+"""Export helpers behind :mod:`onnax.casadi`: the seed layout and the CasADi contract."""
