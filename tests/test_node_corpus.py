@@ -1,14 +1,17 @@
-"""ONNX backend node test cases of the core operators, through onnax.jvp and onnax.vjp.
+"""ONNX backend node test cases of the core operators, through onnax.jvp, onnax.vjp and onnax.vmap.
 
 Covers a fixed, deterministic sample of ``onnx.backend.test.case.node`` cases for the core
 operators (arithmetic, elementwise math and activations, MatMul/Gemm, reductions, Softmax and
 LogSoftmax, shape and indexing ops, Expand, Pad, Where, Clip, Pow, Max/Min), checked by
 ``tests/benchmarks/node_corpus.py``'s :func:`check_case`: jvp against central finite
 differences of the primal through onnxruntime (float64 when the model converts to double), vjp
-by the adjoint identity against the jvp model and the same differences, both generated models
-through ``onnx.checker`` (full check) and onnxruntime. No case may be ``failed`` or ``crashed``;
-``refused`` is allowed only with a message naming the operator (``domain::Op``), so that a missing
-rule is visible but not an error. The full corpus runs with
+by the adjoint identity against the jvp model and the same differences, vmap (every input
+batched, and only the first float input batched) against a loop of single-example runs, all
+generated models through ``onnx.checker`` (full check) and onnxruntime. No case may be
+``failed`` or ``crashed``; ``refused`` is allowed only with a message naming the operator
+(``domain::Op``), so that a missing rule is visible but not an error. The oracles themselves
+are tested by breaking rules on purpose (a scaled jvp, transpose or batch rule, a broadcasting
+batch rule that forgets to align its operands). The full corpus runs with
 ``uv run python tests/benchmarks/node_corpus.py``.
 """
 
@@ -100,6 +103,15 @@ CASES = [
     "test_constant_pad",
 ]
 
+NO_FLOAT_CASES = [
+    "test_and_bcast4v3d",
+    "test_bitshift_right_uint16",
+    "test_equal_string_broadcast",
+    "test_gathernd_example_int32_batch_dim1",
+    "test_celu_float16",
+]
+"""Cases without a FLOAT/DOUBLE graph input (bool, integer, string, float16): vmap only."""
+
 _OPERATOR = re.compile(r"[\w.]+::\w+")
 
 
@@ -107,7 +119,8 @@ _OPERATOR = re.compile(r"[\w.]+::\w+")
 def testcases() -> dict[str, Any]:
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
-        return {c.name: c for c in collect_cases() if c.name in set(CASES)}
+        wanted = {*CASES, *NO_FLOAT_CASES}
+        return {c.name: c for c in collect_cases() if c.name in wanted}
 
 
 @pytest.mark.parametrize("name", CASES)
@@ -174,3 +187,84 @@ def test_oracle_catches_a_wrong_transpose_rule(
     assert result["jvp"][0] == "pass", result
     assert result["vjp"][0] == "failed", result
     assert "adjoint identity vs the jvp model" in result["vjp"][1], result
+
+
+# vmap's oracle (a loop of single-example runs): a batch rule that is off by 1e-4 relative, or
+# that forgets to align a batched operand before broadcasting, must be caught.
+
+
+def _batch_scaled(rule: Any, factor: float) -> Any:
+    """The batch rule with its results scaled (test_sin is float32, hence the FLOAT scalar)."""
+
+    def wrong(bx: Any, node: Any, args: Any, flags: Any) -> tuple[list[Any], list[bool]]:
+        outs, out_flags = rule(bx, node, args, flags)
+        scale = bx.scalar(factor, like=ir.DataType.FLOAT)
+        return [None if v is None else bx.op("Mul", [v, scale]) for v in outs], out_flags
+
+    return wrong
+
+
+def _unaligned(bx: Any, node: Any, args: Any, flags: Any) -> tuple[list[Any], list[bool]]:
+    """Add applied to the batched operands as they are: a batched rank-1 ``y`` of shape
+    ``[B, 5]`` then lines up its batch axis with ``x``'s last-but-one axis."""
+    return [bx.op(node.op_type, list(args))], [True]
+
+
+def test_vmap_oracle_catches_a_wrong_batch_rule(
+    testcases: dict[str, Any], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from onnax.core.registry import batch_rules
+    from onnax.rules import collect
+
+    collect()
+    key = ("", "Sin")
+    monkeypatch.setitem(
+        batch_rules._rules,
+        key,
+        [(v, _batch_scaled(r, 1 + 1e-4)) for v, r in batch_rules._rules[key]],
+    )
+    result = check_case(testcases["test_sin"])
+    # jvp and vjp use no batch rule.
+    assert result["jvp"][0] == result["vjp"][0] == "pass", result
+    status, detail = result["vmap"]
+    assert status == "failed", result
+    assert detail.startswith("in_axes=0: y: max |batched - loop|"), detail
+
+
+def test_vmap_oracle_catches_a_batch_rule_that_does_not_align(
+    testcases: dict[str, Any], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from onnax.core.registry import batch_rules
+    from onnax.rules import collect
+
+    collect()
+    key = ("", "Add")
+    monkeypatch.setitem(
+        batch_rules._rules, key, [(v, _unaligned) for v, _ in batch_rules._rules[key]]
+    )
+    # x [3, 4, 5] + y [5]: batching both gives [B, 3, 4, 5] + [B, 5], which cannot broadcast
+    # (B = 3 against 4); with only x batched the rule is right, and so the other variant passes.
+    result = check_case(testcases["test_add_bcast"], transforms=("vmap",))
+    assert set(result) == {"vmap"}
+    status, detail = result["vmap"]
+    assert status == "failed", result
+    assert detail.startswith("in_axes=0: "), detail
+
+
+def test_vmap_covers_cases_without_float_inputs(testcases: dict[str, Any]) -> None:
+    # Integer and bool models are out of the jvp/vjp scope but in vmap's.
+    for name in NO_FLOAT_CASES:
+        result = check_case(testcases[name])
+        assert result["jvp"] == result["vjp"] == ("skipped", "no FLOAT/DOUBLE graph input"), result
+        assert result["vmap"][0] == "pass", (name, result)
+
+
+def test_vmap_refusal_of_batched_axes_is_not_a_failure(testcases: dict[str, Any]) -> None:
+    # Batching every input batches ReduceSum's axes, which vmap refuses (each example could
+    # reduce other axes); with only the data batched the rule is checked, and the case passes.
+    status, detail = check_case(testcases["test_reduce_sum_keepdims_random"], transforms=["vmap"])[
+        "vmap"
+    ]
+    assert status == "pass", detail
+    assert detail.startswith("in_axes=0: refused UnsupportedOperatorError"), detail
+    assert "ai.onnx::ReduceSum" in detail, detail

@@ -1,26 +1,31 @@
-"""Runs onnax.jvp and onnax.vjp over the ONNX backend node test cases and checks the numbers.
+"""Runs onnax.jvp, vjp and vmap over the ONNX backend node test cases and checks the results.
 
 Usage::
 
     uv run python tests/benchmarks/node_corpus.py [--filter SUBSTR] [--limit N] [--jobs 2]
-        [--timeout 60] [--json results.json] [--verbose]
+        [--timeout 60] [--transforms jvp,vjp,vmap] [--json results.json] [--verbose]
 
 Every case of ``onnx.backend.test.case.node.collect_testcases(None)`` whose model has at least one
 FLOAT/DOUBLE graph input (that is not an initializer) and that onnxruntime can run on
-``data_sets[0]`` is transformed with the default selection (all float inputs, all float outputs).
-Each transform gets one status:
+``data_sets[0]`` is transformed by jvp and vjp with the default selection (all float inputs, all
+float outputs). vmap needs no float input: every case onnxruntime can run is in its scope, and
+its counts are also given split by whether the case has a float input (so that the jvp/vjp
+numbers stay comparable). Each transform gets one status:
 
 * ``pass``: the generated model passes ``onnx.checker`` (full check), loads and runs in
-  onnxruntime, reproduces the primal outputs, and its derivative agrees with the oracles. A
-  model without float outputs has nothing to differentiate: its jvp and vjp are still checked
-  for validity (and the vjp's cotangents must be zero).
+  onnxruntime, reproduces the primal outputs, and its derivative agrees with the oracles (vmap:
+  its outputs equal the stacked outputs of single-example runs). A model without float outputs
+  has nothing to differentiate: its jvp and vjp are still checked for validity (and the vjp's
+  cotangents must be zero).
 * ``refused``: onnax raised an :class:`onnax.OnnaxError` subclass (the detail is the first line
   of the message).
 * ``failed``: wrong numbers, an invalid generated model, or one onnxruntime cannot load or run.
 * ``crashed``: any other exception inside onnax, a dead worker, or the per-case timeout.
-* ``skipped``: out of scope: no float input, onnxruntime cannot run the primal, or the primal
-  is not deterministic across runs (no finite difference means anything there; the generated
-  models are still built and checked, and a refusal, crash or invalid model is reported).
+* ``skipped``: out of scope: no float input (jvp/vjp), onnxruntime cannot run the primal, or the
+  primal is not deterministic across runs (no finite difference or loop of single runs means
+  anything there; the generated models are still built and checked, and a refusal, crash or
+  invalid model is reported; vmap refuses random operators under its default
+  ``randomness="error"``, which counts as ``refused``).
 
 Oracles (they know nothing of the rules):
 
@@ -53,6 +58,25 @@ at perturbed points (:data:`PERTURBATIONS`: relative noise, additive noise, a sm
 seeded; a point that changes an output's shape is skipped), and the transform passes if it
 agrees at one of them, with ``perturbed (<kind>)`` in the detail. A rule that is wrong
 everywhere fails at every point; the failure detail is the reason at ``data_sets[0]``.
+
+vmap (oracle: a loop of single-example runs of the primal in onnxruntime, stacked along axis 0).
+A batch holds :data:`VMAP_BATCH` = 3 examples: ``data_sets[0]`` and two copies whose
+floating-point inputs get seeded 5 % noise (integer, bool and string inputs are identical
+copies; so is a whole example whose perturbation changes an output's shape or makes
+onnxruntime fail, noted in the detail). Two variants are built and run:
+
+* ``in_axes=0``: every graph input batched at axis 0;
+* ``in_axes={x: 0}``: only the first FLOAT/DOUBLE input ``x`` batched, the others shared (left
+  out when the case has no float input or no other input).
+
+Outputs must have the same dtype and shape as the stacked loop outputs; integer, bool and string
+outputs must be equal, NaN and infinities must be where the loop has them, and finite float
+values agree to :data:`VMAP_RTOL` (1e-5 for float32, 1e-10 for double) of ``|loop| + the
+example's max |loop|``. The case's status is the worse of the two variants, except that a
+refusal of one variant next to a pass of the other is a pass noting the refusal: batching every
+input also batches integer inputs that act as attributes (Reduce*'s axes, Reshape's shape),
+which vmap rightly refuses, and the float variant then shows whether the batch rules work.
+A failed or crashed variant always decides; the detail of a non-pass starts with the variant.
 """
 
 from __future__ import annotations
@@ -70,7 +94,7 @@ import sys
 import time
 import traceback
 import warnings
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Collection, Mapping, Sequence
 from typing import Any
 
 import numpy as np
@@ -91,7 +115,7 @@ __all__ = [
     "to_double",
 ]
 
-TRANSFORMS = ("jvp", "vjp")
+TRANSFORMS = ("jvp", "vjp", "vmap")
 STATUSES = ("pass", "refused", "failed", "crashed", "skipped")
 
 FLOAT = onnx.TensorProto.FLOAT
@@ -807,50 +831,34 @@ def _float_inputs(proto: onnx.ModelProto) -> tuple[list[str], list[str], list[st
     return names, floats, outs
 
 
-def check_case(testcase: Any, seed: int = 0) -> Result:
-    """Checks onnax.jvp and onnax.vjp on one ONNX backend node test case.
-
-    Args:
-        testcase: An ``onnx.backend.test.case.test_case.TestCase`` (``.model``, ``.data_sets``).
-        seed: Seed of the random directions, cotangent seeds and perturbations.
-
-    Returns:
-        transform -> (status, detail), status one of :data:`STATUSES`. An empty detail on
-        ``pass``; on ``pass`` after a re-check at a perturbed input the detail says so.
-    """
-    proto: onnx.ModelProto = testcase.model
-    names, in_names, out_names = _float_inputs(proto)
-    if not in_names:
-        return dict.fromkeys(TRANSFORMS, ("skipped", "no FLOAT/DOUBLE graph input"))
-    data_inputs = testcase.data_sets[0][0] if testcase.data_sets else []
-    inits = {t.name for t in proto.graph.initializer}
-    graph_inputs = [n for n in names if n not in inits]
-    feeds: Feeds = {n: _to_feed(v) for n, v in zip(graph_inputs, data_inputs, strict=False)}
-    if any(n not in feeds for n in in_names) or any(
-        not _is_float_array(feeds[n]) for n in in_names
-    ):
-        return dict.fromkeys(TRANSFORMS, ("skipped", "test data lacks float inputs"))
-    try:
-        primal_sess = _session(proto)
-        first = _run(primal_sess, feeds)
-        second = _run(primal_sess, feeds)
-    except Exception as err:
-        return dict.fromkeys(
-            TRANSFORMS, ("skipped", "onnxruntime cannot run the primal: " + _first_line(err))
-        )
-    deterministic = _outputs_agree(first, second, rtol=0.0, atol=0.0)
+def _check_derivatives(
+    proto: onnx.ModelProto,
+    feeds: Feeds,
+    primal_sess: ort.InferenceSession,
+    first: Mapping[str, Any],
+    deterministic: bool,
+    in_names: Sequence[str],
+    out_names: Sequence[str],
+    selected: Sequence[str],
+    seed: int,
+) -> Result:
+    """jvp and/or vjp (``selected``) of one case whose float inputs the test data holds."""
     n_in = len(proto.graph.input)
-
-    built = {"jvp": _build(onnax.jvp, proto), "vjp": _build(onnax.vjp, proto)}
+    # The vjp check trusts a jvp model that agreed with the differences, so the jvp is built
+    # (and checked) whenever the vjp is wanted, even if it is not reported.
+    built = {
+        "jvp": _build(onnax.jvp, proto),
+        "vjp": _build(onnax.vjp, proto) if "vjp" in selected else _Built(status=("skipped", "")),
+    }
     results: Result = {t: b.status for t, b in built.items() if b.status is not None}
-    pending = [t for t in TRANSFORMS if t not in results]
+    pending = [t for t in selected if t not in results]
     if not pending:
-        return results
+        return {t: results[t] for t in selected}
     if not deterministic:
         # Finite differences of a random primal (Dropout with a seed, ...) mean nothing.
         for t in pending:
             results[t] = ("skipped", "nondeterministic primal: validity checked, numbers not")
-        return results
+        return {t: results[t] for t in selected}
 
     oracle = _make_oracle(proto, feeds, first)
     where = "f64 fd" if oracle.double else "f32 fd"
@@ -877,7 +885,309 @@ def check_case(testcase: Any, seed: int = 0) -> Result:
             break
     for t in pending:
         results[t] = ("failed", f"{first_reason[t]} [{where}; also at perturbed inputs]")
-    return {t: results[t] for t in TRANSFORMS}
+    return {t: results[t] for t in selected}
+
+
+# --------------------------------------------------------------------------------------------
+# vmap: against a loop of single-example runs of the primal
+
+VMAP_BATCH = 3
+"""Examples per batch: ``data_sets[0]`` and two perturbed copies."""
+
+VMAP_RTOL = {8: 1e-10, 4: 1e-5, 2: 1e-2, 1: 0.0}
+"""Tolerance of float outputs by item size (double, float, float16/bfloat16, float8). The
+batched model computes the same function, so only rounding differs (another summation order in
+a batched MatMul, a fused kernel): a few ulps of the output's scale. float8 must be exact: one
+ulp is 12-25 %."""
+
+
+def _float_like(a: np.ndarray) -> bool:
+    """float16/32/64 and the ml_dtypes floats (bfloat16, float8...), which numpy calls 'V'."""
+    return a.dtype.kind == "f" or "float" in a.dtype.name
+
+
+def _stack(values: Sequence[Any]) -> Any:
+    """Examples stacked along a new axis 0, through sequences (a list of stacked elements, the
+    layout a batched ``seq(tensor)`` type declares) and empty optionals (None).
+
+    Raises:
+        ValueError: When the examples differ in structure (sequence lengths, None or not).
+    """
+    v0 = values[0]
+    if isinstance(v0, np.ndarray):
+        return np.stack(values, axis=0)
+    if isinstance(v0, list):
+        if any(not isinstance(v, list) or len(v) != len(v0) for v in values):
+            raise ValueError("sequences of different lengths cannot be batched")
+        return [_stack([v[k] for v in values]) for k in range(len(v0))]
+    if v0 is None:
+        if any(v is not None for v in values):
+            raise ValueError("an optional that is empty in some examples only")
+        return None
+    raise ValueError(f"cannot batch a {type(v0).__name__}")
+
+
+def _signature(value: Any) -> Any:
+    """Structure, shapes and dtypes of a value (an output whose signature changes under a
+    perturbation cannot be stacked)."""
+    if isinstance(value, np.ndarray):
+        return (value.shape, value.dtype)
+    if isinstance(value, list):
+        return [_signature(v) for v in value]
+    return type(value).__name__
+
+
+def _vmap_mismatch(name: str, got: Any, want: Any) -> str | None:
+    """None when the batched output equals the stacked single-example outputs."""
+    if isinstance(want, list) and isinstance(got, list):
+        if len(got) != len(want):
+            return f"{name}: a sequence of {len(got)} elements, expected {len(want)}"
+        for k, (g, w) in enumerate(zip(got, want, strict=True)):
+            reason = _vmap_mismatch(f"{name}[{k}]", g, w)
+            if reason is not None:
+                return reason
+        return None
+    if not isinstance(want, np.ndarray) or not isinstance(got, np.ndarray):
+        if type(got) is not type(want):
+            return f"{name}: got a {type(got).__name__}, expected a {type(want).__name__}"
+        return None  # both None (empty optionals)
+    if got.dtype != want.dtype:
+        return f"{name}: dtype {got.dtype}, expected {want.dtype}"
+    if got.shape != want.shape:
+        return f"{name}: shape {got.shape}, expected {want.shape}"
+    if not _float_like(want):
+        if not np.array_equal(got, want):
+            bad = int(np.sum(got != want))
+            return f"{name}: {bad} of {want.size} elements differ (exact comparison)"
+        return None
+    g64, w64 = got.astype(np.float64), want.astype(np.float64)
+    if not np.array_equal(np.isnan(g64), np.isnan(w64)):
+        return f"{name}: NaN where the single-example runs have none, or the reverse"
+    inf = np.isinf(w64)
+    if not np.array_equal(np.isinf(g64), inf) or not np.array_equal(g64[inf], w64[inf]):
+        return f"{name}: infinities differ from the single-example runs"
+    finite = np.isfinite(w64)
+    if not finite.any():
+        return None
+    # Relative to each example's own scale, so that a small-valued example is not hidden
+    # behind a large one.
+    scale = np.abs(np.where(finite, w64, 0.0)).reshape(len(w64), -1).max(axis=1)
+    scale = scale.reshape((-1,) + (1,) * (w64.ndim - 1))
+    rtol = VMAP_RTOL.get(want.dtype.itemsize, 0.0)
+    err = np.where(finite, np.abs(g64 - w64), 0.0)
+    bound = rtol * (np.abs(w64) + scale)
+    if (err > bound).any():
+        i = np.unravel_index(int(np.argmax(err - bound)), err.shape)
+        return (
+            f"{name}: max |batched - loop| = {float(err.max()):.3g} (example {i[0]}, "
+            f"scale {float(scale.reshape(-1)[i[0]]):.3g}); at {tuple(int(k) for k in i)} "
+            f"got {float(g64[i]):.7g}, loop {float(w64[i]):.7g}"
+        )
+    return None
+
+
+def _vmap_examples(
+    feeds: Feeds,
+    batched: Sequence[str],
+    primal_sess: ort.InferenceSession,
+    first: Mapping[str, Any],
+    seed: int,
+) -> tuple[list[Feeds], list[dict[str, Any]], list[int]]:
+    """(examples, their primal outputs, indices of examples that are identical copies).
+
+    Example 0 is ``feeds``. The others perturb the floating-point arrays among the ``batched``
+    inputs (relative and additive noise of 5 %, non-finite entries kept); integer, bool and
+    string inputs are copied. An example whose perturbation changes an output's shape or type,
+    or that onnxruntime cannot run (a float that is a size or an index), is an identical copy.
+    """
+    rng = np.random.default_rng([seed, 7])
+    signature = {k: _signature(v) for k, v in first.items()}
+
+    def perturb(x: Any) -> Any:
+        if isinstance(x, list):  # a sequence: its float elements
+            return [perturb(e) for e in x]
+        if not isinstance(x, np.ndarray) or x.dtype.kind != "f" or not x.size:
+            return x
+        x64 = x.astype(np.float64)
+        y = x64 + 0.05 * (np.abs(x64) + 1.0) * rng.standard_normal(x.shape)
+        return np.asarray(np.where(np.isfinite(x64), y, x64)).astype(x.dtype)
+
+    examples: list[Feeds] = [dict(feeds)]
+    outputs: list[dict[str, Any]] = [dict(first)]
+    copies: list[int] = []
+    for b in range(1, VMAP_BATCH):
+        example = dict(feeds)
+        for n in batched:
+            example[n] = perturb(feeds[n])
+        out: dict[str, Any] | None = None
+        if any(not _same(example[n], feeds[n]) for n in batched):
+            try:
+                out = _run(primal_sess, example)
+                if {k: _signature(v) for k, v in out.items()} != signature:
+                    out = None
+            except Exception:
+                out = None
+            if out is None:
+                copies.append(b)
+        if out is None:
+            example, out = dict(feeds), dict(first)
+        examples.append(example)
+        outputs.append(out)
+    return examples, outputs, copies
+
+
+def _same(a: Any, b: Any) -> bool:
+    """Whether a perturbed input is still the original (nothing in it was perturbed)."""
+    if isinstance(a, list) and isinstance(b, list):
+        return len(a) == len(b) and all(_same(x, y) for x, y in zip(a, b, strict=True))
+    return a is b
+
+
+def _check_vmap_variant(
+    proto: onnx.ModelProto,
+    feeds: Feeds,
+    primal_sess: ort.InferenceSession,
+    first: Mapping[str, Any],
+    deterministic: bool,
+    in_axes: int | dict[str, int],
+    seed: int,
+) -> tuple[str, str]:
+    """vmap with ``in_axes`` (0: every graph input; a dict: those inputs, the others shared)."""
+    built = _build(lambda m: onnax.vmap(m, in_axes=in_axes), proto)
+    if built.status is not None:
+        return built.status
+    assert built.sess is not None
+    if not deterministic:
+        # vmap accepted a random primal (its default randomness="error" refuses random
+        # operators, so this is a primal that is random without one of them): no loop
+        # reproduces its numbers.
+        return ("skipped", "nondeterministic primal: validity checked, numbers not")
+    batched = list(feeds) if isinstance(in_axes, int) else [n for n in feeds if n in in_axes]
+    examples, singles, copies = _vmap_examples(feeds, batched, primal_sess, first, seed)
+    stacked: Feeds = dict(feeds)
+    for n in batched:
+        stacked[n] = _stack([e[n] for e in examples])
+    try:
+        got = _run(built.sess, stacked)
+    except Exception as err:
+        return ("failed", "run failed: " + _first_line(err))
+    if set(got) != set(first):
+        return ("failed", f"outputs {sorted(got)}, expected {sorted(first)}")
+    for y in first:
+        reason = _vmap_mismatch(y, got[y], _stack([s[y] for s in singles]))
+        if reason is not None:
+            return ("failed", reason)
+    detail = ""
+    if copies:
+        detail = f"examples {copies} are identical copies (a perturbation changes an output)"
+    return ("pass", detail)
+
+
+_SEVERITY = {"crashed": 0, "failed": 1, "refused": 2, "skipped": 3, "pass": 4}
+
+
+def _check_vmap(
+    proto: onnx.ModelProto,
+    feeds: Feeds,
+    primal_sess: ort.InferenceSession,
+    first: Mapping[str, Any],
+    deterministic: bool,
+    in_names: Sequence[str],
+    seed: int,
+) -> tuple[str, str]:
+    """Both vmap variants; the worse status wins, its detail prefixed by the variant.
+
+    The second variant (only the first float input batched, by a dict) is left out when the
+    case has no float input or that is its only input (it would repeat the first).
+    """
+    if not feeds:
+        # Nothing to map over (Constant, RandomNormal...): vmap rightly refuses.
+        return ("skipped", "no graph input to batch")
+    variants: list[tuple[str, int | dict[str, int]]] = [("in_axes=0", 0)]
+    if in_names and len(feeds) > 1:
+        variants.append((f"in_axes={{{in_names[0]!r}: 0}}", {in_names[0]: 0}))
+    outcomes = [
+        (label, _check_vmap_variant(proto, feeds, primal_sess, first, deterministic, axes, seed))
+        for label, axes in variants
+    ]
+    label, (status, detail) = min(outcomes, key=lambda o: _SEVERITY[o[1][0]])
+    if status == "refused" and any(s == "pass" for _, (s, _) in outcomes):
+        # Batching every input also batches integer inputs that act as attributes (Reduce*'s
+        # axes, Reshape's shape, Slice's starts): a per-example value there has no batched
+        # equivalent, and vmap rightly refuses. The variant batching a float input then shows
+        # whether the batch rule itself works: pass, with the refusal kept in the detail.
+        status = "pass"
+    if status == "pass":
+        notes = [f"{lb}: {s + ' ' if s != 'pass' else ''}{d}" for lb, (s, d) in outcomes if d]
+        return ("pass", "; ".join(notes))
+    return (status, f"{label}: {detail}")
+
+
+def check_case(testcase: Any, seed: int = 0, transforms: Sequence[str] = TRANSFORMS) -> Result:
+    """Checks onnax.jvp, onnax.vjp and onnax.vmap on one ONNX backend node test case.
+
+    Args:
+        testcase: An ``onnx.backend.test.case.test_case.TestCase`` (``.model``, ``.data_sets``).
+        seed: Seed of the random directions, cotangent seeds and perturbations.
+        transforms: The transforms to check (a subset of :data:`TRANSFORMS`).
+
+    Returns:
+        transform -> (status, detail) for the selected transforms (in :data:`TRANSFORMS`
+        order), status one of :data:`STATUSES`. An empty detail on ``pass``; on ``pass`` after a
+        re-check at a perturbed input, or a vmap batch with identical copies, the detail says so.
+    """
+    selected = [t for t in TRANSFORMS if t in transforms]
+    unknown = set(transforms) - set(TRANSFORMS)
+    if unknown:
+        raise ValueError(f"unknown transforms {sorted(unknown)}; choose from {TRANSFORMS}")
+    proto: onnx.ModelProto = testcase.model
+    names, in_names, out_names = _float_inputs(proto)
+    data_inputs = testcase.data_sets[0][0] if testcase.data_sets else []
+    inits = {t.name for t in proto.graph.initializer}
+    graph_inputs = [n for n in names if n not in inits]
+    feeds: Feeds = {n: _to_feed(v) for n, v in zip(graph_inputs, data_inputs, strict=False)}
+    results: Result = {}
+    derivatives = [t for t in selected if t in ("jvp", "vjp")]
+    if derivatives and not in_names:
+        results.update(dict.fromkeys(derivatives, ("skipped", "no FLOAT/DOUBLE graph input")))
+        derivatives = []
+    if derivatives and (
+        any(n not in feeds for n in in_names)
+        or any(not _is_float_array(feeds[n]) for n in in_names)
+    ):
+        results.update(dict.fromkeys(derivatives, ("skipped", "test data lacks float inputs")))
+        derivatives = []
+    if not derivatives and "vmap" not in selected:
+        return {t: results[t] for t in selected}
+    try:
+        primal_sess = _session(proto)
+        first = _run(primal_sess, feeds)
+        second = _run(primal_sess, feeds)
+    except Exception as err:
+        skip = ("skipped", "onnxruntime cannot run the primal: " + _first_line(err))
+        for t in selected:
+            results.setdefault(t, skip)
+        return {t: results[t] for t in selected}
+    deterministic = _outputs_agree(first, second, rtol=0.0, atol=0.0)
+    if derivatives:
+        results.update(
+            _check_derivatives(
+                proto,
+                feeds,
+                primal_sess,
+                first,
+                deterministic,
+                in_names,
+                out_names,
+                derivatives,
+                seed,
+            )
+        )
+    if "vmap" in selected:
+        results["vmap"] = _check_vmap(
+            proto, feeds, primal_sess, first, deterministic, in_names, seed
+        )
+    return {t: results[t] for t in selected}
 
 
 # --------------------------------------------------------------------------------------------
@@ -904,33 +1214,48 @@ def refused_operator(detail: str) -> str:
     m = _REFUSED_OP.search(detail)
     if m:
         return m.group(1)
-    return detail.split(":", 1)[0]
+    return _VARIANT.sub("", detail).split(":", 1)[0]
 
+
+_VARIANT = re.compile(r"^in_axes=(0|\{.*?\}): ")
+"""The vmap variant a vmap detail starts with."""
+
+_REFUSED_VARIANT = re.compile(r"in_axes=(?:0|\{.*?\}): refused (.*?)(?=; in_axes=|$)")
+"""A refused variant noted in the detail of a vmap pass."""
 
 _CASES: list[Any] = []
+_SELECTED: tuple[str, ...] = TRANSFORMS
 
 
 def _worker(index: int, conn: multiprocessing.connection.Connection) -> None:
     with warnings.catch_warnings(), np.errstate(all="ignore"):
         warnings.simplefilter("ignore")
         try:
-            result: Result = check_case(_CASES[index])
+            result: Result = check_case(_CASES[index], transforms=_SELECTED)
         except Exception as err:  # a bug of the driver itself: say so rather than hide it
-            result = dict.fromkeys(TRANSFORMS, ("crashed", "driver error: " + _first_line(err)))
+            result = dict.fromkeys(_SELECTED, ("crashed", "driver error: " + _first_line(err)))
     conn.send(result)
     conn.close()
 
 
 def run_corpus(
-    cases: Sequence[Any], jobs: int = 2, timeout: float = 60.0, progress: bool = True
+    cases: Sequence[Any],
+    jobs: int = 2,
+    timeout: float = 60.0,
+    progress: bool = True,
+    transforms: Sequence[str] = TRANSFORMS,
 ) -> dict[str, Result]:
     """Runs :func:`check_case` on every case, each in its own forked process with a timeout.
 
     A fork per case isolates crashes (a segfault in onnxruntime) and lets a pathological case be
     killed at its deadline; the parent never creates a session, so forking is safe.
     """
-    global _CASES
+    global _CASES, _SELECTED
+    from onnax.rules import collect
+
+    collect()  # once here rather than in every forked worker (imports only, fork-safe)
     _CASES = list(cases)
+    _SELECTED = tuple(t for t in TRANSFORMS if t in transforms)
     ctx = multiprocessing.get_context("fork")
     results: dict[str, Result] = {}
     queue = list(range(len(_CASES)))
@@ -954,12 +1279,12 @@ def run_corpus(
                 except EOFError:
                     proc.join(5)
                     results[name] = dict.fromkeys(
-                        TRANSFORMS, ("crashed", f"worker died (exit code {proc.exitcode})")
+                        _SELECTED, ("crashed", f"worker died (exit code {proc.exitcode})")
                     )
             elif now > deadline:
                 proc.kill()
                 results[name] = dict.fromkeys(
-                    TRANSFORMS, ("crashed", f"timeout after {timeout:g} s")
+                    _SELECTED, ("crashed", f"timeout after {timeout:g} s")
                 )
             else:
                 continue
@@ -974,43 +1299,89 @@ def run_corpus(
     return results
 
 
-def summarize(results: Mapping[str, Result], verbose: bool = False) -> str:
-    """The report: counts, failures and crashes with reasons, refused operators with counts."""
-    lines = []
-    for t in TRANSFORMS:
-        counts = collections.Counter(r[t][0] for r in results.values())
-        lines.append(f"{t}: " + ", ".join(f"{s} {counts.get(s, 0)}" for s in STATUSES))
-    skipped = collections.Counter(
-        r["jvp"][1].split(":")[0] for r in results.values() if r["jvp"][0] == "skipped"
+def _counts(results: Mapping[str, Result], t: str, names: Collection[str] | None = None) -> str:
+    counts = collections.Counter(
+        r[t][0] for n, r in results.items() if t in r and (names is None or n in names)
     )
-    lines.append(
-        "skipped (jvp) by reason: " + ", ".join(f"{k} {v}" for k, v in skipped.most_common())
-    )
-    perturbed = collections.Counter(
-        t
-        for r in results.values()
-        for t in TRANSFORMS
-        if r[t][0] == "pass" and "perturbed" in r[t][1]
-    )
-    f32 = collections.Counter(
-        t for r in results.values() for t in TRANSFORMS if r[t][0] == "pass" and "f32 fd" in r[t][1]
-    )
-    lines.append(
-        "passes needing a perturbed input: "
-        + ", ".join(f"{t} {perturbed.get(t, 0)}" for t in TRANSFORMS)
-        + "; passes checked with float32 differences: "
-        + ", ".join(f"{t} {f32.get(t, 0)}" for t in TRANSFORMS)
-    )
+    return ", ".join(f"{s} {counts.get(s, 0)}" for s in STATUSES)
+
+
+def summarize(
+    results: Mapping[str, Result],
+    verbose: bool = False,
+    float_cases: Collection[str] | None = None,
+) -> str:
+    """The report: counts, failures and crashes with reasons, refused operators with counts.
+
+    ``float_cases`` (names of the cases with a FLOAT/DOUBLE graph input) splits the vmap counts,
+    whose scope is wider than the jvp/vjp one.
+    """
+    present = [t for t in TRANSFORMS if any(t in r for r in results.values())]
+    derivatives = [t for t in present if t != "vmap"]
+    lines = [f"{t}: " + _counts(results, t) for t in present]
+    if "vmap" in present and float_cases is not None:
+        with_float = set(float_cases) & set(results)
+        without = set(results) - with_float
+        lines.append(
+            f"  vmap on the {len(with_float)} cases with a FLOAT/DOUBLE graph input: "
+            + _counts(results, "vmap", with_float)
+        )
+        lines.append(
+            f"  vmap on the {len(without)} cases without one: " + _counts(results, "vmap", without)
+        )
+    for t in (*derivatives[:1], *(["vmap"] if "vmap" in present else [])):
+        skipped = collections.Counter(
+            _VARIANT.sub("", r[t][1]).split(":")[0]
+            for r in results.values()
+            if t in r and r[t][0] == "skipped"
+        )
+        lines.append(
+            f"skipped ({t}) by reason: " + ", ".join(f"{k} {v}" for k, v in skipped.most_common())
+        )
+    if derivatives:
+        perturbed = collections.Counter(
+            t
+            for r in results.values()
+            for t in derivatives
+            if r[t][0] == "pass" and "perturbed" in r[t][1]
+        )
+        f32 = collections.Counter(
+            t
+            for r in results.values()
+            for t in derivatives
+            if r[t][0] == "pass" and "f32 fd" in r[t][1]
+        )
+        lines.append(
+            "passes needing a perturbed input: "
+            + ", ".join(f"{t} {perturbed.get(t, 0)}" for t in derivatives)
+            + "; passes checked with float32 differences: "
+            + ", ".join(f"{t} {f32.get(t, 0)}" for t in derivatives)
+        )
+    if "vmap" in present:
+        copies = sum(
+            1 for r in results.values() if r["vmap"][0] == "pass" and "identical" in r["vmap"][1]
+        )
+        lines.append(f"vmap passes whose batch holds identical copies: {copies}")
+        partial = collections.Counter(
+            refused_operator(m.group(1))
+            for r in results.values()
+            if r["vmap"][0] == "pass"
+            for m in _REFUSED_VARIANT.finditer(r["vmap"][1])
+        )
+        lines.append(
+            f"vmap passes with one variant refused ({sum(partial.values())}), by "
+            "operator: " + ", ".join(f"{op} {n}" for op, n in partial.most_common())
+        )
     for status in ("failed", "crashed"):
         items = [
             (name, t, r[t][1])
             for name, r in sorted(results.items())
-            for t in TRANSFORMS
+            for t in present
             if r[t][0] == status
         ]
         lines.append(f"\n{status.upper()} ({len(items)}):")
         lines.extend(f"  {name} [{t}]: {detail}" for name, t, detail in items)
-    for t in TRANSFORMS:
+    for t in present:
         ops = collections.Counter(
             refused_operator(r[t][1]) for r in results.values() if r[t][0] == "refused"
         )
@@ -1019,7 +1390,7 @@ def summarize(results: Mapping[str, Result], verbose: bool = False) -> str:
     if verbose:
         lines.append("\nALL:")
         for name, r in sorted(results.items()):
-            lines.append(f"  {name}: " + "; ".join(f"{t} {r[t][0]} {r[t][1]}" for t in TRANSFORMS))
+            lines.append(f"  {name}: " + "; ".join(f"{t} {r[t][0]} {r[t][1]}" for t in present))
     return "\n".join(lines)
 
 
@@ -1029,15 +1400,25 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--limit", type=int, default=None, help="at most this many cases")
     parser.add_argument("--jobs", type=int, default=2, help="parallel worker processes")
     parser.add_argument("--timeout", type=float, default=60.0, help="seconds per case")
+    parser.add_argument(
+        "--transforms",
+        default=",".join(TRANSFORMS),
+        help=f"comma-separated transforms to check (default: {','.join(TRANSFORMS)})",
+    )
     parser.add_argument("--json", default=None, help="also write the results to this file")
     parser.add_argument("--verbose", action="store_true", help="list every case's result")
     args = parser.parse_args(argv)
+    transforms = [t.strip() for t in args.transforms.split(",") if t.strip()]
+    unknown = [t for t in transforms if t not in TRANSFORMS]
+    if unknown or not transforms:
+        parser.error(f"--transforms: unknown {unknown}; choose from {','.join(TRANSFORMS)}")
     cases = collect_cases(args.filter, args.limit)
     start = time.perf_counter()
-    results = run_corpus(cases, args.jobs, args.timeout)
+    results = run_corpus(cases, args.jobs, args.timeout, transforms=transforms)
     elapsed = time.perf_counter() - start
+    float_cases = {c.name for c in cases if _float_inputs(c.model)[1]}
     print(f"{len(cases)} node test cases in {elapsed:.0f} s (jobs={args.jobs})")
-    print(summarize(results, args.verbose))
+    print(summarize(results, args.verbose, float_cases))
     if args.json:
         with open(args.json, "w") as f:
             json.dump(results, f, indent=1, sort_keys=True)
