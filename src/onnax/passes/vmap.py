@@ -19,7 +19,6 @@ from onnax.core.registry import batch_rules
 from onnax.core.selection import format_shape
 from onnax.errors import SelectionError, UnsupportedOperatorError
 from onnax.passes.cleanup import cleanup
-from onnax.passes.linearize import subgraph_captures
 from onnax.passes.prepare import prepare
 from onnax.rules import collect
 
@@ -86,6 +85,30 @@ def _batch_dim_name(model: ir.Model) -> str:
         k += 1
         name = f"batch{k}"
     return name
+
+
+def _subgraph_reads(node: ir.Node) -> list[ir.Value]:
+    """Values from outside read by the node's subgraphs (If branches, Loop and Scan bodies).
+
+    Read off the inner nodes' inputs rather than value ownership: a batched graph input has
+    already left the graph when this runs.
+    """
+    reads: list[ir.Value] = []
+    for attr in node.attributes.values():
+        if attr.type == ir.AttributeType.GRAPH:
+            graphs = [attr.as_graph()]
+        elif attr.type == ir.AttributeType.GRAPHS:
+            graphs = list(attr.as_graphs())
+        else:
+            continue
+        for g in graphs:
+            inside = {v for n in g.all_nodes() for v in n.outputs} | {
+                v for sub in (g, *g.subgraphs()) for v in sub.inputs
+            }
+            reads.extend(
+                v for n in g.all_nodes() for v in n.inputs if v is not None and v not in inside
+            )
+    return reads
 
 
 def _fresh(used: set[str], base: str) -> str:
@@ -222,13 +245,19 @@ class VmapPass(ir.passes.FunctionalPass):
     ) -> None:
         args = [env.get(v, v) if v is not None else None for v in node.inputs]
         flags = [a is not None and a in batched for a in args]
-        captured = [v for v in subgraph_captures(node) if env.get(v, v) in batched]
+        inner = _subgraph_reads(node)
+        captured = [v for v in inner if env.get(v, v) in batched]
         if not any(flags) and not captured:
             # An unbatched input may still have been replaced (a batch rule of Shape returns a
             # new, unbatched value); the original computation is deleted, so rewire to it.
             for i, (original, arg) in enumerate(zip(node.inputs, args, strict=True)):
                 if arg is not original:
                     node.replace_input_with(i, arg)
+            for value in inner:
+                if env.get(value, value) is not value:
+                    for use in list(value.uses()):
+                        if use.node.graph is not node.graph:
+                            use.node.replace_input_with(use.idx, env[value])
             if (
                 node.domain == ""
                 and node.op_type in RANDOM_OPS
@@ -246,10 +275,10 @@ class VmapPass(ir.passes.FunctionalPass):
         if rule is None or captured:
             index = next((i for i, f in enumerate(flags) if f), None)
             if index is None:
-                via = "a value captured by a subgraph"
+                via = f"the value {captured[0].name!r} that a subgraph reads"
             else:
-                value = node.inputs[index]
-                name = value.name if value is not None else None
+                read = node.inputs[index]
+                name = read.name if read is not None else None
                 via = f"input {index}" + (f" {name!r}" if name else "")
             raise UnsupportedOperatorError(
                 f"vmap: no batch rule for {op_label(node)} at opset {bx.opset} ({node_label(node)}); "
@@ -257,7 +286,14 @@ class VmapPass(ir.passes.FunctionalPass):
                 "if it should be shared, or register a rule with "
                 f"onnax.rules.batch_rules.register({node.op_type!r}, domain={node.domain!r})."
             )
-        outs, out_flags = rule(bx, node, args, flags)
+        try:
+            outs, out_flags = rule(bx, node, args, flags)
+        except UnsupportedOperatorError as err:
+            if op_label(node) in str(err):
+                raise
+            raise UnsupportedOperatorError(
+                f"{err} (while batching {op_label(node)} at opset {bx.opset}, {node_label(node)})"
+            ) from err
         emitted = bx.take()
         if emitted:
             node.append(emitted)
