@@ -143,6 +143,7 @@ def _neg(em: Emitter, a: Param) -> Param:
 
 # ---------------------------------------------------------------------------- shapes
 def rank_of(node: ir.Node, value: ir.Value | None, what: str) -> int:
+    """The rank of an input of ``node``; a user-facing error when inference left it unknown."""
     if value is None or value.shape is None:
         raise UnsupportedOperatorError(
             f"{op_label(node)} ({node_label(node)}): the rank of its {what} "
@@ -170,6 +171,7 @@ def dims_of(em: Emitter, value: ir.Value, axes: Sequence[int]) -> list[Param]:
 
 
 def spatial_dims(em: Emitter, value: ir.Value, rank: int) -> list[Param]:
+    """Dimensions ``2..rank-1`` of ``value`` (see :func:`dims_of`)."""
     return dims_of(em, value, range(2, rank))
 
 
@@ -277,7 +279,9 @@ def _tight(
 ) -> Window:
     end = [
         _sub(em, _span(em, o, k, s, d), _add(em, D, b))
-        for D, o, k, s, d, b in zip(size_in, size_out, kernel, strides, dilations, begin, strict=True)
+        for D, o, k, s, d, b in zip(
+            size_in, size_out, kernel, strides, dilations, begin, strict=True
+        )
     ]
     return Window(size_in, size_out, kernel, strides, dilations, begin, end)
 
@@ -359,7 +363,9 @@ def _padded(em: Emitter, x: ir.Value, win: Window, rank: int) -> tuple[ir.Value,
     return em.op("Pad", [x, vector]), [0] * (2 * (rank - 2))
 
 
-def correlate(em: Emitter, x: ir.Value, w: ir.Value, win: Window, group: int, rank: int) -> ir.Value:
+def correlate(
+    em: Emitter, x: ir.Value, w: ir.Value, win: Window, group: int, rank: int
+) -> ir.Value:
     """``Conv(x, w)`` over the window (x: ``[N, C, size_in]`` -> ``[N, M, size_out]``)."""
     x, pads = _padded(em, x, win, rank)
     attrs = {
@@ -459,14 +465,25 @@ def _conv_jvp(em: Emitter, node: ir.Node, tangents: Tangents) -> list[ir.Value |
     tb = tangents[2] if len(tangents) > 2 and b is not None else None
     attrs = attributes_of(node)
     terms: list[ir.Value] = []
+    # Conv(tX, W, tB) is linear in (tX, tB) jointly, and Conv(X, tW, tB) in (tW, tB): the bias
+    # tangent rides along in the first term there is.
     if tx is not None:
-        # Conv(tX, W, tB) is linear in (tX, tB) jointly: the bias tangent rides along.
         terms.append(em.op(node.op_type, [tx, w] + ([tb] if tb is not None else []), attrs))
         tb = None
     if tw is not None:
-        terms.append(em.op(node.op_type, [x, tw], attrs))
+        terms.append(em.op(node.op_type, [x, tw] + ([tb] if tb is not None else []), attrs))
+        tb = None
     if tb is not None:
         terms.append(_bias_broadcast(em, tb, node.outputs[0], rank_of(node, x, "input 'X'")))
+    # Each term has exactly the output's shape, but inference may give two terms unrelated
+    # symbols (a symbolic kernel size), and transposing their Add would then need run-time
+    # shapes of tangents. Inference keeps shapes that are already set.
+    y = node.outputs[0]
+    for term in terms:
+        if y.shape is not None:
+            term.shape = y.shape.copy()
+        if y.type is not None:
+            term.type = y.type
     return [em.add_all(terms)]
 
 
@@ -540,7 +557,9 @@ def unfold_batch(bx: Batcher, y: ir.Value, original: ir.Value) -> ir.Value:
     return bx.op("Reshape", [y, bx.op("Concat", [bx.batch_size, bx.ints([-1]), tail], {"axis": 0})])
 
 
-def example_dims(bx: Batcher, arg: ir.Value, original: ir.Value, axes: Sequence[int]) -> list[Param]:
+def example_dims(
+    bx: Batcher, arg: ir.Value, original: ir.Value, axes: Sequence[int]
+) -> list[Param]:
     """Dimensions ``axes`` of one example of a batched ``arg``."""
     dims = original.shape.dims if original.shape is not None else None
     out: list[Param] = []
@@ -591,6 +610,7 @@ def _add_bias(bx: Batcher, y: ir.Value, b: ir.Value, b_batched: bool, rank: int)
 
 
 def _conv_batch(bx: Batcher, node: ir.Node, args: Args, batched: Sequence[bool]) -> BatchResult:
+    """Conv/ConvTranspose: fold the batch into N, or im2col for a batched weight (module doc)."""
     x, w = args[0], args[1]
     assert x is not None and w is not None
     b = args[2] if len(args) > 2 else None
@@ -608,8 +628,10 @@ def _conv_batch(bx: Batcher, node: ir.Node, args: Args, batched: Sequence[bool])
             y = unfold_batch(bx, bx.op(node.op_type, inputs, attrs), y0)
         else:
             y = bx.op(node.op_type, [x, w], attrs)  # only the bias is batched
-        out = y if not fb else _add_bias(bx, y, b, True, rank)  # type: ignore[arg-type]
-        return [out], [True]
+        if fb:
+            assert b is not None
+            y = _add_bias(bx, y, b, True, rank)
+        return [y], [True]
     if node.op_type == "Conv":
         y = _conv_batched_weight(bx, node, x, fx, w, rank)
     else:

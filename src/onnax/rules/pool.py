@@ -1,0 +1,432 @@
+"""Pooling: MaxPool, AveragePool, LpPool, their global forms, and MaxUnpool.
+
+* **MaxPool** passes on the tangent of the element each window selected. The selection is read
+  from the operator's own ``Indices`` output (the node's, when it has one in row-major storage
+  order, else a second MaxPool emitted for it), so ties are broken exactly as the runtime broke
+  them. Indices are flat over the whole input; within one ``(n, c)`` plane they are the index
+  modulo the plane size, so the tangent is a ``GatherElements`` along the flattened spatial axis
+  of ``[N, C, H*W...]``. Its transpose (from the indexing rules) is a ``ScatterElements`` with
+  ``reduction="add"`` from opset 16 (overlapping windows can select an element twice) and a
+  one-hot contraction per plane before.
+* **AveragePool** is linear: the tangent is AveragePool of the tangent. Its transpose writes the
+  average as ``r * WindowSum(X)`` with a per-position factor ``r = 1 / count`` that does not depend
+  on the data, so ``r = AveragePool(ones) / WindowSum(ones)`` over one ``[1, 1, spatial]`` plane
+  of ones is exact for ``count_include_pad`` 0 and 1, ``ceil_mode`` and every padding mode without
+  re-deriving how the runtime counts. ``WindowSum`` is a depthwise Conv (``group = C``) with a
+  kernel of ones (or, when the channel count is symbolic, a Conv of the channels folded into the
+  batch), and its transpose the matching ConvTranspose (the window geometry with tight pads
+  comes from :mod:`onnax.rules.conv`).
+* **LpPool** ``y = (sum |x|^p)^(1/p)`` over each window: ``dy = y^(1-p) WindowSum(sign(x)
+  |x|^(p-1) dx)``; where ``y == 0`` (an all-zero window, a kink for p = 1 and a singular point
+  otherwise) the tangent is 0.
+* **GlobalAveragePool** is a ``ReduceMean`` over the spatial axes (kept), **GlobalMaxPool** a
+  ``ReduceMax``, whose tangent is split equally between tied maxima (as the ReduceMax rule does),
+  **GlobalLpPool** the global form of LpPool.
+* **MaxUnpool** is linear in ``X``: the tangent is MaxUnpool of the tangent (same indices), and the
+  transpose gathers the cotangent at the indices (``Gather`` on the flattened cotangent).
+
+Batch rules (vmap) fold the batch axis into ``N`` (``[B, N, C, ...]`` -> ``[B*N, C, ...]``), apply
+the operator and unfold the outputs. Flat indices over a folded tensor are offset by ``b`` times
+the size of one example, so MaxPool's ``Indices`` get that offset subtracted and MaxUnpool's added
+(with the output shape of one example passed explicitly, scaled along ``N``).
+
+Onnxruntime has double kernels for MaxPool only; the other pooling operators are float-only.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import numpy as np
+import onnx_ir as ir
+
+from onnax.core.attrs import const_ints, int_attr, ints_attr
+from onnax.core.batching import Batcher
+from onnax.core.diagnostics import node_label, op_label
+from onnax.core.emit import Emitter
+from onnax.core.registry import batch_rules, jvp_rules, transpose_rules
+from onnax.errors import UnsupportedOperatorError
+from onnax.rules._patterns import attributes_of
+from onnax.rules.conv import (
+    Param,
+    Window,
+    correlate,
+    correlate_adjoint,
+    dims_of,
+    example_dims,
+    fold_batch,
+    int_vector,
+    pool_window,
+    rank_of,
+    spatial_dims,
+    unfold_batch,
+)
+
+__all__: list[str] = []
+
+Tangents = Sequence[ir.Value | None]
+Args = Sequence[ir.Value | None]
+BatchResult = tuple[list[ir.Value | None], list[bool]]
+
+_MAX_POOL = (8, 10, 11, 12, 22)
+_AVERAGE_POOL = (7, 10, 11, 19, 22)
+_LP_POOL = (2, 11, 18, 22)
+_GLOBAL = (1, 22)
+_GLOBAL_LP = (2, 22)
+_MAX_UNPOOL = (9, 11, 22)
+
+
+def _dtype(node: ir.Node, value: ir.Value) -> ir.DataType:
+    if value.dtype is None:
+        raise UnsupportedOperatorError(
+            f"{op_label(node)} ({node_label(node)}): the element type of {value.name!r} is "
+            "unknown after shape inference. Remedy: declare the types of the graph inputs."
+        )
+    return value.dtype
+
+
+def _io(node: ir.Node) -> tuple[ir.Value, ir.Value, int]:
+    x, y = node.inputs[0], node.outputs[0]
+    assert x is not None
+    return x, y, rank_of(node, x, "input 'X'")
+
+
+# ------------------------------------------------------------------------ window sums
+def _ones_kernel(win: Window, dtype: ir.DataType, channels: int = 1) -> np.ndarray:
+    kernel = [k for k in win.kernel if isinstance(k, int)]
+    return np.ones((channels, 1, *kernel), dtype=dtype.numpy())
+
+
+def _channels(x: ir.Value) -> int | None:
+    d = x.shape.dims[1] if x.shape is not None else None
+    return d if isinstance(d, int) else None
+
+
+def _window_sum(
+    em: Emitter, z: ir.Value, x: ir.Value, y: ir.Value, win: Window, rank: int
+) -> ir.Value:
+    """The sum of ``z`` (shaped like ``x``) over each window, shaped like ``y``.
+
+    A depthwise Conv (``group = C``) with a kernel of ones. With a symbolic channel count the
+    channels are folded into the batch instead (one ``[1, 1, k]`` kernel serves them all); the
+    folded shape then has no name that reverse mode could find, so a primal value of the same
+    shape (``y`` folded alike) is emitted as its shape witness.
+    """
+    dtype = x.dtype
+    assert dtype is not None
+    channels = _channels(x)
+    if channels is not None:
+        kernel = em.const(_ones_kernel(win, dtype, channels))
+        return correlate(em, z, kernel, win, channels, rank)
+    single = em.op("Reshape", [z, int_vector(em, [-1, 1, *win.size_in])])
+    summed = correlate(em, single, em.const(_ones_kernel(win, dtype)), win, 1, rank)
+    em.op("Reshape", [y, int_vector(em, [-1, 1, *win.size_out])])  # the shape witness
+    return em.op("Reshape", [summed, em.shape(y)])
+
+
+# ---------------------------------------------------------------------------- MaxPool
+def _static_plane(value: ir.Value) -> int | None:
+    dims = value.shape.dims[2:] if value.shape is not None else None
+    if dims is not None and all(isinstance(d, int) for d in dims):
+        return int(np.prod([d for d in dims if isinstance(d, int)]))
+    return None
+
+
+def _flat_target(em: Emitter, value: ir.Value) -> ir.Value:
+    """The Reshape target ``[N, C, plane]`` of ``value``."""
+    plane = _static_plane(value)
+    return em.ints([0, 0, plane if plane is not None else -1])
+
+
+def _plane_size(em: Emitter, x: ir.Value) -> ir.Value:
+    """The number of elements of one ``(n, c)`` plane of ``x``, as a 1-element int64 vector."""
+    plane = _static_plane(x)
+    if plane is not None:
+        return em.ints([plane])
+    flat = em.op("Reshape", [x, em.ints([0, 0, -1])])
+    return em.slice(em.op("Shape", [flat]), [2], [3], [0])
+
+
+def _max_pool_jvp(em: Emitter, node: ir.Node, tangents: Tangents) -> list[ir.Value | None]:
+    outs: list[ir.Value | None] = [None] * len(node.outputs)
+    t = tangents[0]
+    if t is None:
+        return outs
+    x, y, _ = _io(node)
+    if len(node.outputs) > 1 and int_attr(node, "storage_order", 0) == 0:
+        indices = node.outputs[1]
+    else:
+        attrs = attributes_of(node, storage_order=None)
+        indices = em.op_multi("MaxPool", [x], attrs, num_outputs=2)[1]
+    # Static plane sizes are spelled out: inference turns a -1 into the symbol "16", not the
+    # int 16, and the transposes would then find no shape for the flattened values.
+    plane = _plane_size(em, x)
+    local = em.op("Mod", [em.op("Reshape", [indices, _flat_target(em, y)]), plane])
+    flat = em.op("Reshape", [t, _flat_target(em, x)])
+    picked = em.op("GatherElements", [flat, local], {"axis": 2})
+    outs[0] = em.op("Reshape", [picked, em.shape(y)])
+    return outs
+
+
+for _v in _MAX_POOL:
+    jvp_rules.add("MaxPool", _max_pool_jvp, since_version=_v)
+
+
+# ------------------------------------------------------------------------ AveragePool
+def _linear_jvp(em: Emitter, node: ir.Node, tangents: Tangents) -> list[ir.Value | None]:
+    """The operator applied to the tangent of its first input (the others are shared)."""
+    t = tangents[0]
+    if t is None:
+        return [None] * len(node.outputs)
+    inputs = [t, *node.inputs[1:]]
+    return [em.op(node.op_type, inputs, attributes_of(node))]
+
+
+def _average_pool_transpose(
+    em: Emitter, node: ir.Node, cts: Tangents, linear: Sequence[bool]
+) -> list[ir.Value | None]:
+    ct = cts[0]
+    if ct is None or not linear[0]:
+        return [None]
+    x, _, rank = _io(node)
+    dtype = _dtype(node, x)
+    win = pool_window(em, node)
+    ones = em.op("Expand", [em.scalar(1.0, dtype), int_vector(em, [1, 1, *win.size_in])])
+    kernel = em.const(_ones_kernel(win, dtype))
+    # 1 / count per output position, however the runtime counts (see module doc).
+    averaged = em.op("AveragePool", [ones], attributes_of(node))
+    ratio = em.op("Div", [averaged, correlate(em, ones, kernel, win, 1, rank)])
+    scaled = em.op("Mul", [ct, ratio])
+    channels = _channels(x)
+    if channels is not None:
+        depthwise = em.const(_ones_kernel(win, dtype, channels))
+        return [correlate_adjoint(em, scaled, depthwise, win, channels, rank)]
+    single = em.op("Reshape", [scaled, int_vector(em, [-1, 1, *win.size_out])])
+    spread = correlate_adjoint(em, single, kernel, win, 1, rank)
+    return [em.op("Reshape", [spread, em.shape(x)])]
+
+
+for _v in _AVERAGE_POOL:
+    jvp_rules.add("AveragePool", _linear_jvp, since_version=_v)
+    transpose_rules.add("AveragePool", _average_pool_transpose, since_version=_v)
+
+
+# ----------------------------------------------------------------------------- LpPool
+def _p(node: ir.Node) -> int:
+    return int_attr(node, "p", 2)
+
+
+def _lp_coefficients(
+    em: Emitter, x: ir.Value, y: ir.Value, p: int, dtype: ir.DataType
+) -> tuple[ir.Value, ir.Value | None]:
+    """``sign(x) |x|^(p-1)`` and ``y^(1-p)`` (0 where y == 0; None when p == 1)."""
+    if p == 1:
+        return em.op("Sign", [x]), None
+    if p == 2:
+        coef_x = x
+    else:
+        magnitude = em.op("Pow", [em.op("Abs", [x]), em.scalar(float(p - 1), dtype)])
+        coef_x = em.op("Mul", [em.op("Sign", [x]), magnitude])
+    zero = em.scalar(0.0, dtype)
+    power = y if p == 2 else em.op("Pow", [y, em.scalar(float(p - 1), dtype)])
+    is_zero = em.op("Equal", [y, zero])
+    # Divide by 1 where y == 0 so that no inf is formed, then select 0 there.
+    safe = em.op("Where", [is_zero, em.scalar(1.0, dtype), power])
+    inv = em.op("Where", [is_zero, zero, em.op("Div", [em.scalar(1.0, dtype), safe])])
+    return coef_x, inv
+
+
+def _lp_pool_jvp(em: Emitter, node: ir.Node, tangents: Tangents) -> list[ir.Value | None]:
+    t = tangents[0]
+    if t is None:
+        return [None]
+    x, y, rank = _io(node)
+    dtype = _dtype(node, x)
+    coef_x, inv = _lp_coefficients(em, x, y, _p(node), dtype)
+    summed = _window_sum(em, em.op("Mul", [t, coef_x]), x, y, pool_window(em, node), rank)
+    return [summed if inv is None else em.op("Mul", [summed, inv])]
+
+
+for _v in _LP_POOL:
+    jvp_rules.add("LpPool", _lp_pool_jvp, since_version=_v)
+
+
+# ------------------------------------------------------------------------ global pools
+def _global_average_pool_jvp(
+    em: Emitter, node: ir.Node, tangents: Tangents
+) -> list[ir.Value | None]:
+    t = tangents[0]
+    if t is None:
+        return [None]
+    _, _, rank = _io(node)
+    return [em.reduce("ReduceMean", t, list(range(2, rank)), keepdims=True)]
+
+
+def _global_max_pool_jvp(em: Emitter, node: ir.Node, tangents: Tangents) -> list[ir.Value | None]:
+    t = tangents[0]
+    if t is None:
+        return [None]
+    x, y, rank = _io(node)
+    dtype = _dtype(node, x)
+    axes = list(range(2, rank))
+    mask = em.op("Cast", [em.op("Equal", [x, y])], {"to": dtype})
+    share = em.op("Div", [mask, em.reduce_sum(mask, axes, keepdims=True)])
+    return [em.reduce_sum(em.op("Mul", [t, share]), axes, keepdims=True)]
+
+
+def _global_lp_pool_jvp(em: Emitter, node: ir.Node, tangents: Tangents) -> list[ir.Value | None]:
+    t = tangents[0]
+    if t is None:
+        return [None]
+    x, y, rank = _io(node)
+    dtype = _dtype(node, x)
+    coef_x, inv = _lp_coefficients(em, x, y, _p(node), dtype)
+    coef = coef_x if inv is None else em.op("Mul", [coef_x, inv])
+    return [em.reduce_sum(em.op("Mul", [t, coef]), list(range(2, rank)), keepdims=True)]
+
+
+for _v in _GLOBAL:
+    jvp_rules.add("GlobalAveragePool", _global_average_pool_jvp, since_version=_v)
+    jvp_rules.add("GlobalMaxPool", _global_max_pool_jvp, since_version=_v)
+for _v in _GLOBAL_LP:
+    jvp_rules.add("GlobalLpPool", _global_lp_pool_jvp, since_version=_v)
+
+
+# -------------------------------------------------------------------------- MaxUnpool
+def _max_unpool_transpose(
+    em: Emitter, node: ir.Node, cts: Tangents, linear: Sequence[bool]
+) -> list[ir.Value | None]:
+    ct = cts[0]
+    results: list[ir.Value | None] = [None] * len(node.inputs)
+    if ct is None or not linear[0]:
+        return results
+    indices = node.inputs[1]
+    assert indices is not None
+    flat = em.op("Reshape", [ct, em.ints([-1])])
+    # Gather along a 1-D tensor returns the indices' shape, which is X's.
+    results[0] = em.op("Gather", [flat, indices], {"axis": 0})
+    return results
+
+
+for _v in _MAX_UNPOOL:
+    jvp_rules.add("MaxUnpool", _linear_jvp, since_version=_v)
+    transpose_rules.add("MaxUnpool", _max_unpool_transpose, since_version=_v)
+
+
+# ------------------------------------------------------------------------ batch rules
+def _batch_offsets(bx: Batcher, size: ir.Value, rank: int) -> ir.Value:
+    """``b * size`` for every example ``b``, shaped ``[B, 1, ..., 1]`` (``rank`` + 1 axes)."""
+    zero = bx.const(np.array(0, dtype=np.int64))
+    one = bx.const(np.array(1, dtype=np.int64))
+    count = bx.squeeze(bx.batch_size, [0])
+    examples = bx.op("Range", [zero, count, one])
+    shaped = bx.op("Reshape", [examples, bx.ints([-1] + [1] * rank)])
+    return bx.op("Mul", [shaped, size])
+
+
+def _example_size(bx: Batcher, arg: ir.Value, original: ir.Value) -> ir.Value:
+    """The number of elements of one example of a batched ``arg`` (1-element int64)."""
+    dims = original.shape.dims if original.shape is not None else None
+    if dims is not None and all(isinstance(d, int) for d in dims):
+        return bx.ints([int(np.prod([d for d in dims if isinstance(d, int)]))])
+    return bx.op("Div", [bx.op("Size", [arg]), bx.batch_size])
+
+
+def _pool_batch(bx: Batcher, node: ir.Node, args: Args, batched: Sequence[bool]) -> BatchResult:
+    """Every pooling operator: fold the batch into N; MaxPool's flat indices get unshifted."""
+    x, x0 = args[0], node.inputs[0]
+    assert x is not None and x0 is not None
+    rank = bx.rank(x0)
+    folded = fold_batch(bx, x, x0, rank)
+    outs = bx.op_multi(node.op_type, [folded], attributes_of(node), num_outputs=len(node.outputs))
+    results: list[ir.Value | None] = [
+        unfold_batch(bx, o, orig) for o, orig in zip(outs, node.outputs, strict=True)
+    ]
+    if node.op_type == "MaxPool" and len(results) > 1 and results[1] is not None:
+        offsets = _batch_offsets(bx, _example_size(bx, x, x0), rank)
+        results[1] = bx.op("Sub", [results[1], offsets])
+    return results, [True] * len(results)
+
+
+for _op, _versions in (
+    ("MaxPool", _MAX_POOL),
+    ("AveragePool", _AVERAGE_POOL),
+    ("LpPool", _LP_POOL),
+    ("GlobalAveragePool", _GLOBAL),
+    ("GlobalMaxPool", _GLOBAL),
+    ("GlobalLpPool", _GLOBAL_LP),
+):
+    for _v in _versions:
+        batch_rules.add(_op, _pool_batch, since_version=_v)
+
+
+def _unpool_example_shape(
+    bx: Batcher, node: ir.Node, x: ir.Value, x_batched: bool, rank: int
+) -> ir.Value:
+    """The output shape of one example of MaxUnpool, as a 1-D int64 value."""
+    x0, y0 = node.inputs[0], node.outputs[0]
+    assert x0 is not None
+    dims = y0.shape.dims if y0.shape is not None else None
+    if dims is not None and all(isinstance(d, int) for d in dims):
+        return bx.ints([d for d in dims if isinstance(d, int)])
+    # The default output size: (D - 1) * s + k - pad_begin - pad_end per spatial axis.
+    n = rank - 2
+    kernel = ints_attr(node, "kernel_shape") or [1] * n
+    strides = ints_attr(node, "strides") or [1] * n
+    pads = ints_attr(node, "pads") or [0] * (2 * n)
+    lead = example_dims(bx, x, x0, [0, 1]) if x_batched else dims_of(bx, x, [0, 1])
+    spatial = example_dims(bx, x, x0, range(2, rank)) if x_batched else spatial_dims(bx, x, rank)
+    sizes: list[Param] = []
+    for i, d in enumerate(spatial):
+        offset = kernel[i] - strides[i] - pads[i] - pads[n + i]
+        if isinstance(d, int):
+            sizes.append(d * strides[i] + offset)
+        else:
+            sizes.append(
+                bx.op("Add", [bx.op("Mul", [d, bx.ints([strides[i]])]), bx.ints([offset])])
+            )
+    return int_vector(bx, [*lead, *sizes])
+
+
+def _max_unpool_batch(
+    bx: Batcher, node: ir.Node, args: Args, batched: Sequence[bool]
+) -> BatchResult:
+    """MaxUnpool with the batch folded into N and the flat indices offset per example."""
+    x, indices = args[0], args[1]
+    x0, i0 = node.inputs[0], node.inputs[1]
+    assert x is not None and indices is not None and x0 is not None and i0 is not None
+    shape = args[2] if len(args) > 2 else None
+    if shape is not None and len(batched) > 2 and batched[2]:
+        raise UnsupportedOperatorError(
+            f"vmap: {op_label(node)} ({node_label(node)}): its input 2 'output_shape' "
+            f"{node.inputs[2].name if node.inputs[2] is not None else None!r} depends on a "
+            "batched input, so each example could have a different output shape. Remedy: give "
+            "the inputs that output_shape is computed from in_axes None, or make it a constant."
+        )
+    rank = bx.rank(x0)
+    if shape is None:
+        example = _unpool_example_shape(bx, node, x, batched[0], rank)
+    else:
+        static = const_ints(shape)
+        example = bx.ints(static) if static is not None else shape
+    static_example = const_ints(example)
+    size = (
+        bx.ints([int(np.prod(static_example))])
+        if static_example is not None
+        else bx.reduce("ReduceProd", example, None, keepdims=True)
+    )
+    x = bx.materialize(x, batched[0], x0)
+    indices = bx.materialize(indices, batched[1], i0)
+    shifted = bx.op("Add", [indices, _batch_offsets(bx, size, rank)])
+    n_folded = bx.op("Mul", [bx.batch_size, bx.slice(example, [0], [1], [0])])
+    folded_shape = bx.op("Concat", [n_folded, bx.slice(example, [1], [rank], [0])], {"axis": 0})
+    out = bx.op(
+        "MaxUnpool",
+        [fold_batch(bx, x, x0, rank), fold_batch(bx, shifted, i0, rank), folded_shape],
+        attributes_of(node),
+    )
+    return [unfold_batch(bx, out, node.outputs[0])], [True]
+
+
+for _v in _MAX_UNPOOL:
+    batch_rules.add("MaxUnpool", _max_unpool_batch, since_version=_v)

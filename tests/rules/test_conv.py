@@ -1,0 +1,308 @@
+"""Conv and ConvTranspose: jvp and vjp against finite differences, the adjoint identity, vmap.
+
+onnxruntime implements Conv and ConvTranspose for float only (no double kernel), so every case
+runs in float, where ``run_case`` uses the float tolerances of the oracles; the operators are
+bilinear, so central differences have no truncation error and only float rounding remains.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+import onnax
+from cases import Case, case_id, parametrize, run_case, run_vmap_case
+from oracles import check_adjoint, check_jvp, check_vjp, check_vmap
+from rules.test_indexing import vmap_params, vmapped_feeds
+
+FLOAT = ("float",)
+OPSETS = (11, 13, 18, 22)
+
+
+def _conv(
+    name: str,
+    x: str,
+    w: str,
+    y: str,
+    attrs: str = "",
+    bias: str | None = None,
+    op: str = "Conv",
+    **kw: object,
+) -> Case:
+    b_in = f", {{T}}[{bias}] B" if bias is not None else ""
+    b_arg = ", B" if bias is not None else ""
+    attrs = f"<{attrs}>" if attrs else ""
+    text = (
+        f"g ({{T}}[{x}] X, {{T}}[{w}] W{b_in}) => ({{T}}[{y}] Y) {{ Y = {op}{attrs}(X, W{b_arg}) }}"
+    )
+    return Case(name, text, **{"opsets": (13,), "dtypes": FLOAT, **kw})  # type: ignore[arg-type]
+
+
+CONV = [
+    _conv("conv1d_bias", "N, 2, 7", "3, 2, 3", "N, 3, 5", bias="3", opsets=OPSETS),
+    _conv(
+        "conv2d_strides_pads",
+        "N, 2, 5, 6",
+        "4, 2, 3, 2",
+        "N, 4, 3, 8",
+        "strides=[2, 1], pads=[1, 1, 1, 2]",
+        opsets=(11, 18),
+    ),
+    _conv("conv2d_groups", "N, 4, 5, 5", "6, 2, 3, 3", "N, 6, 3, 3", "group=2", bias="6"),
+    _conv(
+        "conv2d_depthwise",
+        "N, 3, 6, 6",
+        "3, 1, 3, 3",
+        "N, 3, 3, 3",
+        "group=3, strides=[2, 2], pads=[1, 1, 1, 1]",
+        opsets=(11, 22),
+    ),
+    _conv(
+        "conv2d_dilations",
+        "N, 2, 7, 6",
+        "2, 2, 2, 3",
+        "N, 2, 5, 5",
+        "dilations=[2, 1], pads=[0, 1, 0, 0]",
+    ),
+    # Trailing input that no window reads (8 = 2 * 3 + 2 left over): a zero cotangent there.
+    _conv("conv1d_uncovered_tail", "N, 1, 8", "2, 1, 3", "N, 2, 2", "strides=[3]"),
+    _conv(
+        "conv2d_same_upper",
+        "N, 2, 5, 6",
+        "3, 2, 3, 2",
+        "N, 3, 3, 3",
+        'auto_pad="SAME_UPPER", strides=[2, 2]',
+        opsets=(11, 18),
+    ),
+    _conv(
+        "conv2d_same_lower",
+        "N, 2, 5, 6",
+        "3, 2, 2, 3",
+        "N, 3, 5, 6",
+        'auto_pad="SAME_LOWER"',
+        bias="3",
+    ),
+    # onnxruntime refuses dilations with SAME padding, so this one has strides only.
+    _conv(
+        "conv1d_same_lower_strided",
+        "N, 2, 7",
+        "2, 2, 4",
+        "N, 2, 4",
+        'auto_pad="SAME_LOWER", strides=[2]',
+    ),
+    _conv(
+        "conv2d_valid", "N, 2, 6, 5", "2, 2, 3, 3", "N, 2, 2, 2", 'auto_pad="VALID", strides=[2, 2]'
+    ),
+    _conv("conv3d", "N, 1, 4, 3, 4", "2, 1, 2, 2, 3", "N, 2, 3, 2, 2", bias="2", opsets=(18,)),
+    # Symbolic spatial sizes: the pads and crops are computed at run time.
+    _conv(
+        "conv2d_symbolic_spatial",
+        "N, 4, H, V",
+        "4, 2, 3, 2",
+        "N, 4, P, Q",
+        "group=2, strides=[2, 3], pads=[1, 0, 0, 1]",
+        bias="4",
+        dims={"H": 6, "V": 7},
+        opsets=(11, 18),
+    ),
+    _conv(
+        "conv2d_symbolic_same_upper",
+        "N, 2, H, V",
+        "2, 2, 2, 3",
+        "N, 2, H, V",
+        # Stride 1: with a larger stride, onnx_shape_inference 0.4.0 infers the output size
+        # "ceiling(H/2)" and then fails to parse it when the derivative model is re-inferred
+        # ("Unknown function 'ceiling'"), before any rule runs.
+        'auto_pad="SAME_UPPER"',
+        dims={"H": 5, "V": 7},
+        opsets=(13,),
+    ),
+    # The kernel's spatial size is only known at run time.
+    _conv("conv1d_symbolic_kernel", "N, 2, 6", "3, 2, K", "N, 3, ?", "strides=[2]", dims={"K": 3}),
+    _conv("conv_only_w", "N, 2, 5", "3, 2, 2", "N, 3, 4", bias="3", inputs=["W"]),
+    _conv("conv_only_b", "N, 2, 5", "3, 2, 2", "N, 3, 4", bias="3", inputs=["B"]),
+    _conv("conv_x_and_b", "N, 2, 5", "3, 2, 2", "N, 3, 4", bias="3", inputs=["X", "B"]),
+]
+
+CONV_TRANSPOSE = [
+    _conv(
+        "convT1d_bias", "N, 3, 4", "3, 2, 3", "N, 2, 6", bias="2", op="ConvTranspose", opsets=OPSETS
+    ),
+    _conv(
+        "convT2d_output_padding",
+        "N, 2, 3, 3",
+        "2, 3, 3, 3",
+        "N, 3, 6, 5",
+        "strides=[2, 2], pads=[1, 1, 1, 1], output_padding=[1, 0]",
+        op="ConvTranspose",
+        opsets=(11, 18),
+    ),
+    _conv(
+        "convT2d_groups",
+        "N, 4, 3, 3",
+        "4, 1, 2, 2",
+        "N, 2, 6, 6",
+        "group=2, strides=[2, 2]",
+        bias="2",
+        op="ConvTranspose",
+    ),
+    _conv(
+        "convT1d_output_shape",
+        "N, 2, 3",
+        "2, 2, 4",
+        "N, 2, 7",
+        "strides=[2], output_shape=[7]",
+        op="ConvTranspose",
+    ),
+    _conv(
+        "convT1d_output_shape_same_upper",
+        "N, 2, 3",
+        "2, 2, 4",
+        "N, 2, 7",
+        'strides=[2], output_shape=[7], auto_pad="SAME_UPPER"',
+        op="ConvTranspose",
+    ),
+    # A larger output than the full result: zeros at the end, the end "pad" is negative.
+    _conv(
+        "convT1d_output_shape_larger",
+        "N, 1, 3",
+        "1, 2, 2",
+        "N, 2, 9",
+        "strides=[3], output_shape=[9]",
+        op="ConvTranspose",
+    ),
+    _conv(
+        "convT2d_same_lower",
+        "N, 2, 3, 2",
+        "2, 2, 3, 4",
+        "N, 2, 9, 4",
+        'auto_pad="SAME_LOWER", strides=[3, 2]',
+        op="ConvTranspose",
+        opsets=(11, 18),
+    ),
+    _conv(
+        "convT2d_dilations",
+        "N, 2, 3, 3",
+        "2, 1, 2, 3",
+        "N, 1, 7, 8",
+        "dilations=[2, 3], strides=[2, 1], pads=[0, 1, 0, 0]",
+        op="ConvTranspose",
+    ),
+    _conv(
+        "convT2d_symbolic_spatial",
+        "N, 2, H, V",
+        "2, 2, 3, 2",
+        "N, 4, P, Q",
+        "group=2, strides=[2, 3], pads=[1, 0, 0, 1], output_padding=[1, 2]",
+        op="ConvTranspose",
+        bias="4",
+        dims={"H": 3, "V": 2},
+        opsets=(11, 18),
+    ),
+    _conv(
+        "convT_only_w", "N, 2, 3", "2, 3, 2", "N, 3, 4", bias="3", op="ConvTranspose", inputs=["W"]
+    ),
+    _conv(
+        "convT_only_b", "N, 2, 3", "2, 3, 2", "N, 3, 4", bias="3", op="ConvTranspose", inputs=["B"]
+    ),
+]
+
+CASES = CONV + CONV_TRANSPOSE
+"""Every case; the closure test enumerates the operators their derivative models emit."""
+
+
+@pytest.mark.parametrize(("case", "dtype", "opset"), parametrize(CASES), ids=case_id)
+def test_rule(case: Case, dtype: str, opset: int) -> None:
+    run_case(case, dtype, opset)
+
+
+@pytest.mark.parametrize(("case", "dtype", "opset"), vmap_params(CASES), ids=case_id)
+def test_vmap(case: Case, dtype: str, opset: int) -> None:
+    if case.name == "conv1d_symbolic_kernel":
+        # A batched weight needs a static kernel size (see the test below): X only.
+        model = case.model(dtype, opset)
+        check_vmap(model, case.feeds(model), in_axes={"X": 0})
+        return
+    run_vmap_case(case, dtype, opset)
+
+
+@pytest.mark.parametrize("name", ["conv2d_groups", "convT2d_groups", "conv1d_uncovered_tail"])
+def test_second_order(name: str) -> None:
+    """The vjp model (ConvTranspose, weight-gradient Convs with the cotangent as the kernel) is
+    itself differentiated in both modes: the rules close over what they emit."""
+    case = next(c for c in CASES if c.name == name)
+    vm = onnax.vjp(case.model("float", case.opsets[-1]), case.inputs)
+    feeds = case.feeds(vm)
+    check_jvp(vm, feeds)
+    check_vjp(vm, feeds)
+    check_adjoint(vm, feeds)
+
+
+@pytest.mark.parametrize(("name", "mode"), [("conv2d_groups", "jvp"), ("convT2d_groups", "vjp")])
+def test_vmap_of_derivatives(name: str, mode: str) -> None:
+    """Batched tangents/seeds with shared primals (how jacfwd/jacrev batch the derivatives)."""
+    case = next(c for c in CASES if c.name == name)
+    model = case.model("float", 13)
+    derived = onnax.jvp(model) if mode == "jvp" else onnax.vjp(model)
+    feeds = case.feeds(derived)
+    n_primal, n_inputs = len(model.graph.inputs), len(derived.graph.inputs)
+    check_vmap(derived, feeds, in_axes=[None] * n_primal + [0] * (n_inputs - n_primal))
+
+
+@pytest.mark.parametrize(
+    ("name", "in_axes"),
+    [("conv2d_groups", {"X": 0, "W": 0}), ("convT1d_bias", {"W": 1, "B": 0})],
+)
+def test_derivatives_of_vmap(name: str, in_axes: dict[str, int | None]) -> None:
+    """The batched-weight formulation (one-hot im2col Conv, MatMul) is differentiable."""
+    case = next(c for c in CASES if c.name == name)
+    vm = onnax.vmap(case.model("float", 13), in_axes=in_axes)
+    feeds = vmapped_feeds(case, vm, in_axes)
+    check_jvp(vm, feeds)
+    check_vjp(vm, feeds)
+    check_adjoint(vm, feeds)
+
+
+OPERANDS = [
+    {"W": 0},
+    {"B": 0},
+    {"X": 0, "B": 1},
+    {"W": 1, "B": 0},
+    {"X": 2, "W": 0},
+]
+
+
+@pytest.mark.parametrize("in_axes", OPERANDS, ids=str)
+@pytest.mark.parametrize("name", ["conv2d_groups", "convT2d_groups", "conv1d_bias"])
+def test_vmap_operands(name: str, in_axes: dict[str, int]) -> None:
+    """Every combination of batched and shared data, weight and bias."""
+    case = next(c for c in CASES if c.name == name)
+    model = case.model("float", 13)
+    check_vmap(model, case.feeds(model), in_axes=in_axes)
+
+
+def test_vmap_batched_weight_needs_a_static_kernel() -> None:
+    case = next(c for c in CASES if c.name == "conv1d_symbolic_kernel")
+    with pytest.raises(onnax.errors.UnsupportedOperatorError) as info:
+        onnax.vmap(case.model("float", 13), in_axes={"W": 0})
+    message = str(info.value)
+    for fact in ("ai.onnx::Conv", "'Y'", "'W'", "kernel_shape", "in_axes None"):
+        assert fact in message, (fact, message)
+
+
+def test_symbolic_batch_dimension_survives() -> None:
+    """The vjp of a Conv with a symbolic N runs for several batch sizes."""
+    case = next(c for c in CASES if c.name == "conv2d_groups")
+    vm = onnax.vjp(case.model("float", 18))
+    for n in (1, 4):
+        feeds = Case(case.name, case.text, dims={"N": n}).feeds(vm)
+        outs = onnax_run(vm, feeds)
+        assert outs[1].shape == (n, 4, 5, 5)
+
+
+def onnax_run(model: object, feeds: dict[str, np.ndarray]) -> list[np.ndarray]:
+    from oracles import session
+
+    sess = session(model)  # type: ignore[arg-type]
+    wanted = {i.name for i in sess.get_inputs()}
+    return sess.run(None, {k: v for k, v in feeds.items() if k in wanted})
