@@ -308,7 +308,9 @@ def check_vmap(
             if a is None or b == 0:
                 ex[v.name] = base
             elif np.issubdtype(base.dtype, np.floating):
-                ex[v.name] = np.asarray(base + rng.standard_normal(base.shape) * 0.1).astype(base.dtype)
+                ex[v.name] = np.asarray(base + rng.standard_normal(base.shape) * 0.1).astype(
+                    base.dtype
+                )
             else:
                 ex[v.name] = base
         examples.append(ex)

@@ -214,5 +214,7 @@ def test_checker_failure_is_reported_first() -> None:
         g (double[3] x) => (double[3] y) { y = Relu <alpha = 1.0> (x) }"""
     )
     # The checker's complaint comes before the (also wrong) selection.
-    with pytest.raises(onnax.InvalidModelError, match=r"fails onnx\.checker.*alpha.*onnx\.checker\.check_model"):
+    with pytest.raises(
+        onnax.InvalidModelError, match=r"fails onnx\.checker.*alpha.*onnx\.checker\.check_model"
+    ):
         onnax.jvp(bad, inputs=["nonexistent"])
