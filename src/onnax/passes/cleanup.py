@@ -5,13 +5,7 @@ from __future__ import annotations
 import onnx_ir as ir
 import onnx_ir.passes.common as common
 
-__all__ = ["cleanup", "set_output_type"]
-
-
-def set_output_type(value: ir.Value, like: ir.Value) -> None:
-    """Gives a new graph output the type and shape of the primal value it belongs to."""
-    value.type = like.type
-    value.shape = like.shape.copy() if like.shape is not None else None
+__all__ = ["cleanup"]
 
 
 def cleanup(model: ir.Model) -> ir.Model:

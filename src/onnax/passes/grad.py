@@ -10,9 +10,9 @@ from onnax.core.emit import Emitter
 from onnax.core.naming import NameClaims, diff_prefix, io_names
 from onnax.core.selection import format_shape, is_float, select_inputs, select_outputs
 from onnax.errors import SelectionError
-from onnax.passes.cleanup import cleanup, set_output_type
-from onnax.passes.jvp import materialize
+from onnax.passes.cleanup import cleanup
 from onnax.passes.linearize import linearize
+from onnax.passes.outputs import append_outputs
 from onnax.passes.prepare import prepare
 from onnax.passes.transpose import transpose_linear
 
@@ -89,9 +89,5 @@ class GradPass(ir.passes.FunctionalPass):
         seed = em.scalar(1.0, y)
         graph.extend(em.take())
         cts = transpose_linear(model, lin, [(y, seed)], xs)
-        for x, ct in zip(xs, cts, strict=True):
-            out = materialize(em, graph, ct, x)
-            claims.claim(out, prefix + x.name)  # type: ignore[operator]
-            set_output_type(out, x)
-            graph.outputs.append(out)
+        append_outputs(em, graph, claims, prefix, list(zip(xs, cts, strict=True)))
         return ir.passes.PassResult(cleanup(model), modified=True)

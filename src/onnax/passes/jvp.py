@@ -9,25 +9,12 @@ import onnx_ir as ir
 from onnax.core.emit import Emitter
 from onnax.core.naming import NameClaims, diff_prefix, io_names
 from onnax.core.selection import select_inputs, select_outputs
-from onnax.passes.cleanup import cleanup, set_output_type
+from onnax.passes.cleanup import cleanup
 from onnax.passes.linearize import linearize
+from onnax.passes.outputs import append_outputs
 from onnax.passes.prepare import prepare
 
 __all__ = ["JvpPass"]
-
-
-def materialize(em: Emitter, graph: ir.Graph, t: ir.Value | None, primal: ir.Value) -> ir.Value:
-    """A value that can become a new graph output.
-
-    Zeros stand in for a symbolic zero; an Identity separates a tangent that is already an input
-    or output of the graph.
-    """
-    if t is None:
-        t = em.zeros_like(primal)
-    elif t.is_graph_input() or t.is_graph_output() or t.is_initializer() or t.producer() is None:
-        t = em.op("Identity", [t])
-    graph.extend(em.take())
-    return t
 
 
 class JvpPass(ir.passes.FunctionalPass):
@@ -62,9 +49,5 @@ class JvpPass(ir.passes.FunctionalPass):
         for x, t in zip(xs, lin.tangent_inputs, strict=True):
             claims.claim(t, prefix + x.name)  # type: ignore[operator]
         em = Emitter(lin.opset, lin.linear)
-        for y in ys:
-            out = materialize(em, graph, lin.tangent.get(y), y)
-            claims.claim(out, prefix + y.name)  # type: ignore[operator]
-            set_output_type(out, y)
-            graph.outputs.append(out)
+        append_outputs(em, graph, claims, prefix, [(y, lin.tangent.get(y)) for y in ys])
         return ir.passes.PassResult(cleanup(model), modified=True)

@@ -16,9 +16,10 @@ from onnax.core.diagnostics import check_active_node, missing_rule
 from onnax.core.emit import Emitter
 from onnax.core.registry import jvp_rules
 from onnax.core.selection import is_float
+from onnax.core.subgraphs import subgraph_reads
 from onnax.rules import collect
 
-__all__ = ["Linearization", "linearize", "subgraph_captures"]
+__all__ = ["Linearization", "linearize"]
 
 
 @dataclasses.dataclass
@@ -40,30 +41,6 @@ class Linearization:
     linear: set[ir.Value]
     linear_nodes: list[ir.Node]
     opset: int
-
-
-def subgraph_captures(node: ir.Node) -> list[ir.Value]:
-    """Outer-scope values that the node's subgraphs read."""
-    captured: list[ir.Value] = []
-    for attr in node.attributes.values():
-        if attr.type == ir.AttributeType.GRAPH:
-            graphs = [attr.as_graph()]
-        elif attr.type == ir.AttributeType.GRAPHS:
-            graphs = list(attr.as_graphs())
-        else:
-            continue
-        for g in graphs:
-            for inner in g.all_nodes():
-                for v in inner.inputs:
-                    if v is None:
-                        continue
-                    producer = v.producer()
-                    owner = (
-                        v.graph if v.graph is not None else (producer.graph if producer else None)
-                    )
-                    if owner is node.graph:
-                        captured.append(v)
-    return captured
 
 
 def linearize(model: ir.Model, inputs: list[ir.Value], transform: str) -> Linearization:
@@ -94,7 +71,7 @@ def linearize(model: ir.Model, inputs: list[ir.Value], transform: str) -> Linear
     linear_nodes: list[ir.Node] = []
     for node in list(graph):
         tangents_in = [tangent.get(v) if v is not None else None for v in node.inputs]
-        captured = [v for v in subgraph_captures(node) if v in tangent]
+        captured = [v for v in subgraph_reads(node) if v in tangent]
         if all(t is None for t in tangents_in) and not captured:
             continue
         active = [t is not None for t in tangents_in]

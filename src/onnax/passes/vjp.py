@@ -9,9 +9,9 @@ import onnx_ir as ir
 from onnax.core.emit import Emitter
 from onnax.core.naming import NameClaims, diff_prefix, io_names
 from onnax.core.selection import select_inputs, select_outputs
-from onnax.passes.cleanup import cleanup, set_output_type
-from onnax.passes.jvp import materialize
+from onnax.passes.cleanup import cleanup
 from onnax.passes.linearize import linearize
+from onnax.passes.outputs import append_outputs, input_like
 from onnax.passes.prepare import prepare
 from onnax.passes.transpose import transpose_linear
 
@@ -48,19 +48,12 @@ class VjpPass(ir.passes.FunctionalPass):
         claims = NameClaims(model)
         seeds = []
         for y in ys:
-            seed = ir.Value(
-                name=None, type=y.type, shape=y.shape.copy() if y.shape is not None else None
-            )
-            claims.claim(seed, prefix + y.name)  # type: ignore[operator]
+            seed = input_like(y)
+            claims.claim(seed, f"{prefix}{y.name}")
             seeds.append((y, seed))
         lin = linearize(model, xs, "vjp")
         cts = transpose_linear(model, lin, seeds, xs)
         for _, seed in seeds:
             graph.inputs.append(seed)
-        em = Emitter(lin.opset)
-        for x, ct in zip(xs, cts, strict=True):
-            out = materialize(em, graph, ct, x)
-            claims.claim(out, prefix + x.name)  # type: ignore[operator]
-            set_output_type(out, x)
-            graph.outputs.append(out)
+        append_outputs(Emitter(lin.opset), graph, claims, prefix, list(zip(xs, cts, strict=True)))
         return ir.passes.PassResult(cleanup(model), modified=True)

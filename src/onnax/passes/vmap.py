@@ -17,6 +17,7 @@ from onnax.core.batching import Batcher, RandomnessPolicy
 from onnax.core.diagnostics import RANDOM_OPS, node_label, op_label
 from onnax.core.registry import batch_rules
 from onnax.core.selection import format_shape
+from onnax.core.subgraphs import subgraph_reads
 from onnax.errors import SelectionError, UnsupportedOperatorError
 from onnax.passes.cleanup import cleanup
 from onnax.passes.prepare import prepare
@@ -85,30 +86,6 @@ def _batch_dim_name(model: ir.Model) -> str:
         k += 1
         name = f"batch{k}"
     return name
-
-
-def _subgraph_reads(node: ir.Node) -> list[ir.Value]:
-    """Values from outside read by the node's subgraphs (If branches, Loop and Scan bodies).
-
-    Read off the inner nodes' inputs rather than value ownership: a batched graph input has
-    already left the graph when this runs.
-    """
-    reads: list[ir.Value] = []
-    for attr in node.attributes.values():
-        if attr.type == ir.AttributeType.GRAPH:
-            graphs = [attr.as_graph()]
-        elif attr.type == ir.AttributeType.GRAPHS:
-            graphs = list(attr.as_graphs())
-        else:
-            continue
-        for g in graphs:
-            inside = {v for n in g.all_nodes() for v in n.outputs} | {
-                v for sub in (g, *g.subgraphs()) for v in sub.inputs
-            }
-            reads.extend(
-                v for n in g.all_nodes() for v in n.inputs if v is not None and v not in inside
-            )
-    return reads
 
 
 def _fresh(used: set[str], base: str) -> str:
@@ -245,7 +222,7 @@ class VmapPass(ir.passes.FunctionalPass):
     ) -> None:
         args = [env.get(v, v) if v is not None else None for v in node.inputs]
         flags = [a is not None and a in batched for a in args]
-        inner = _subgraph_reads(node)
+        inner = subgraph_reads(node)
         captured = [v for v in inner if env.get(v, v) in batched]
         if not any(flags) and not captured:
             # An unbatched input may still have been replaced (a batch rule of Shape returns a
