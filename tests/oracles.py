@@ -108,6 +108,23 @@ def random_like(
     return rng.standard_normal(shape).astype(value.dtype.numpy())
 
 
+def selected_names(
+    model: ir.Model, inputs: Sequence[str] | None, outputs: Sequence[str] | None
+) -> tuple[list[str], list[str]]:
+    """The selection a transform makes by default: float non-initializer inputs, float outputs."""
+    g = model.graph
+    floats = (ir.DataType.FLOAT, ir.DataType.DOUBLE)
+    in_names = (
+        list(inputs)
+        if inputs is not None
+        else [v.name for v in g.inputs if v.dtype in floats and v.name not in g.initializers]
+    )
+    out_names = (
+        list(outputs) if outputs is not None else [v.name for v in g.outputs if v.dtype in floats]
+    )
+    return in_names, out_names
+
+
 def tolerances(dtype: np.dtype) -> dict[str, float]:
     # float32 differences with eps=1e-2 carry O(eps^2) truncation and O(1e-7/eps) rounding error.
     return {"rtol": 1e-5, "atol": 1e-6} if dtype == np.float64 else {"rtol": 3e-2, "atol": 3e-3}
@@ -128,20 +145,7 @@ def check_jvp(
     n_in, n_out = len(g.inputs), len(g.outputs)
     tangent_inputs = list(jm.graph.inputs)[n_in:]
     tangent_outputs = list(jm.graph.outputs)[n_out:]
-    in_names = (
-        list(inputs)
-        if inputs is not None
-        else [
-            v.name
-            for v in g.inputs
-            if v.dtype in (ir.DataType.FLOAT, ir.DataType.DOUBLE) and v.name not in g.initializers
-        ]
-    )
-    out_names = (
-        list(outputs)
-        if outputs is not None
-        else [v.name for v in g.outputs if v.dtype in (ir.DataType.FLOAT, ir.DataType.DOUBLE)]
-    )
+    in_names, out_names = selected_names(model, inputs, outputs)
     inits = _initializer_arrays(model)
     tangents = {}
     for x, t in zip(in_names, tangent_inputs, strict=True):
@@ -181,20 +185,7 @@ def check_vjp(
     n_in, n_out = len(g.inputs), len(g.outputs)
     seeds_in = list(vm.graph.inputs)[n_in:]
     ct_out = list(vm.graph.outputs)[n_out:]
-    in_names = (
-        list(inputs)
-        if inputs is not None
-        else [
-            v.name
-            for v in g.inputs
-            if v.dtype in (ir.DataType.FLOAT, ir.DataType.DOUBLE) and v.name not in g.initializers
-        ]
-    )
-    out_names = (
-        list(outputs)
-        if outputs is not None
-        else [v.name for v in g.outputs if v.dtype in (ir.DataType.FLOAT, ir.DataType.DOUBLE)]
-    )
+    in_names, out_names = selected_names(model, inputs, outputs)
     primal = run(model, feeds)
     seeds = {}
     for y, s in zip(out_names, seeds_in, strict=True):
@@ -232,20 +223,7 @@ def check_adjoint(
     g = model.graph
     n_in, n_out = len(g.inputs), len(g.outputs)
     inits = _initializer_arrays(model)
-    in_names = (
-        list(inputs)
-        if inputs is not None
-        else [
-            v.name
-            for v in g.inputs
-            if v.dtype in (ir.DataType.FLOAT, ir.DataType.DOUBLE) and v.name not in g.initializers
-        ]
-    )
-    out_names = (
-        list(outputs)
-        if outputs is not None
-        else [v.name for v in g.outputs if v.dtype in (ir.DataType.FLOAT, ir.DataType.DOUBLE)]
-    )
+    in_names, out_names = selected_names(model, inputs, outputs)
     primal = run(model, feeds)
     jfeeds, vfeeds = dict(feeds), dict(feeds)
     vs, us = {}, {}
