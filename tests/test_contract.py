@@ -218,3 +218,25 @@ def test_checker_failure_is_reported_first() -> None:
         onnax.InvalidModelError, match=r"fails onnx\.checker.*alpha.*onnx\.checker\.check_model"
     ):
         onnax.jvp(bad, inputs=["nonexistent"])
+
+
+def test_reverse_mode_when_inference_loses_a_shape() -> None:
+    # Shape inference cannot follow the run-time axes of this reduction, so the reverse sweep must
+    # find the shape of an intermediate tangent some other way.
+    m = ir.from_onnx_text(
+        """<ir_version: 10, opset_import: ["" : 18]>
+        g (double[N, 3] x, int64[1] axes) => (double[N, 3] y) {
+          m = ReduceMean <keepdims = 1> (x, axes)
+          s = Mul(m, m)
+          e = Add(s, x)
+          y = Sqrt(e)
+        }"""
+    )
+    feeds = {
+        "x": np.abs(np.random.default_rng(0).standard_normal((4, 3))) + 1.0,
+        "axes": np.array([1]),
+    }
+    from oracles import check_adjoint, check_vjp
+
+    check_vjp(m, feeds)
+    check_adjoint(m, feeds)

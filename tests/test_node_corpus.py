@@ -79,6 +79,8 @@ CASES = [
     "test_softmax_axis_1_expanded",
     "test_logsoftmax_axis_1",
     "test_logsoftmax_example_1_expanded_ver18",
+    # an expansion whose shapes inference loses (the reverse sweep's shadow shapes)
+    "test_rms_normalization_3d_axis1_epsilon_expanded",
     # shape and indexing
     "test_transpose_default",
     "test_transpose_all_permutations_3",

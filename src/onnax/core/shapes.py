@@ -164,7 +164,7 @@ class ShapeOracle:
             return em.shape(primal)
         key = dims_key(value.shape)
         if key is None or value.shape is None:
-            return None
+            return self._shadow(em, value)
         witness = self._by_shape.get(key)
         if witness is not None:
             return em.op("Shape", [witness])
@@ -175,7 +175,35 @@ class ShapeOracle:
                 continue
             found = self._by_dim.get(str(d.value))
             if found is None:
-                return None
+                return self._shadow(em, value)
             source, axis = found
             pieces.append(em.slice(em.op("Shape", [source]), [axis], [axis + 1], [0]))
         return em.op("Concat", pieces, {"axis": 0})
+
+    def _shadow(self, em: Emitter, value: ir.Value) -> ir.Value | None:
+        """The run-time shape of a linear value that inference could not describe.
+
+        Found by running its producer on zeros shaped like its linear inputs: a last resort,
+        used only where no non-linear value of the same shape exists.
+        """
+        producer, index = value.producer(), value.index()
+        if producer is None or index is None:
+            return None
+        inputs: list[ir.Value | None] = []
+        for v in producer.inputs:
+            if v is None or v not in em.linear:
+                inputs.append(v)
+                continue
+            shape = self(em, v)
+            if shape is None or v.dtype is None:
+                return None
+            inputs.append(em.op("Expand", [em.scalar(0.0, v.dtype), shape]))
+        attrs = {k: a.value for k, a in producer.attributes.items()}
+        outs = em.op_multi(
+            producer.op_type,
+            inputs,
+            attrs,
+            num_outputs=len(producer.outputs),
+            domain=producer.domain,
+        )
+        return em.op("Shape", [outs[index]])
