@@ -268,8 +268,9 @@ class VmapPass(ir.passes.FunctionalPass):
         except UnsupportedOperatorError as err:
             if op_label(node) in str(err):
                 raise
+            message = str(err).removeprefix("vmap: ")
             raise UnsupportedOperatorError(
-                f"{err} (while batching {op_label(node)} at opset {bx.opset}, {node_label(node)})"
+                f"vmap: {op_label(node)} at opset {bx.opset} ({node_label(node)}): {message}"
             ) from err
         emitted = bx.take()
         if emitted:
