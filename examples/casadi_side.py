@@ -88,7 +88,9 @@ def main(outdir: str = "generated") -> None:
         ]:
             err = float(np.max(np.abs(got - want)))
             print(f"{name:<18} {err:>16.2e}")
-            assert err < 1e-10, f"{name}: CasADi and PyTorch disagree"
+            # Two float64 runtimes, not two derivative methods: onnxruntime's and PyTorch's Tanh
+            # kernels differ by a few 1e-10, and the differences pass on to the derivatives.
+            assert err < 1e-8, f"{name}: CasADi and PyTorch disagree"
     print("CasADi's derivatives from the family agree")
 
 
