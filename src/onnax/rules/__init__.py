@@ -24,6 +24,9 @@ FAMILIES = (
     "norm",
     "conv",
     "pool",
+    "scans",
+    "losses",
+    "resample",
 )
 
 _collected = False

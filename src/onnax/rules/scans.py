@@ -1,0 +1,1 @@
+"""Rules: see the module list in onnax.rules (being written)."""
