@@ -151,3 +151,22 @@ def test_resize_refusals(attrs: str, expected: str) -> None:
     message = str(err.value)
     assert "ai.onnx::Resize" in message and "'Y'" in message and expected in message
     assert "Remedy" in message
+
+
+@pytest.mark.parametrize("mode", ["linear", "cubic"])
+def test_vmap_of_resize_in_4d_only_modes(mode: str) -> None:
+    # onnxruntime runs linear and cubic Resize on 4-D inputs only: the batch must be folded into
+    # axis 0, with scales given at run time.
+    from oracles import check_vmap
+
+    m = ir.from_onnx_text(
+        f"""<ir_version: 10, opset_import: ["" : 18]>
+        g (float[1, 2, 4, 4] X, float[4] scales) => (float[1, 2, 8, 8] Y) {{
+          Y = Resize <mode = "{mode}"> (X, , scales)
+        }}"""
+    )
+    feeds = {
+        "X": np.random.default_rng(0).standard_normal((1, 2, 4, 4)).astype(np.float32),
+        "scales": np.array([1.0, 1.0, 2.0, 2.0], np.float32),
+    }
+    check_vmap(m, feeds, in_axes={"X": 0})

@@ -27,7 +27,7 @@ from collections.abc import Iterable, Sequence
 import numpy as np
 import onnx_ir as ir
 
-from onnax.core.attrs import int_attr
+from onnax.core.attrs import const_ints, int_attr
 from onnax.core.batching import Batcher
 from onnax.core.diagnostics import node_label, op_label
 from onnax.core.emit import Emitter, InternalRuleError
@@ -319,6 +319,9 @@ def _resize_batch(bx: Batcher, node: ir.Node, args: Args, batched: Sequence[bool
         raise InternalRuleError(f"{op_label(node)} batch: missing input")
     rank = bx.rank(original)
     inputs = list(args)
+    folded = _resize_folded(bx, node, inputs, rank)
+    if folded is not None:
+        return [folded], [True]
     if bx.opset >= 18:
         # The axes attribute leaves the batch axis alone; scales/sizes/roi keep their length.
         axes_attr = node.attributes.get("axes")
@@ -337,6 +340,63 @@ def _resize_batch(bx: Batcher, node: ir.Node, args: Args, batched: Sequence[bool
             "Concat", [bx.const(np.array([1.0], dtype=np.float32)), scales], {"axis": 0}
         )
     return [bx.op("Resize", inputs, attributes_of(node))], [True]
+
+
+def _resize_folded(
+    bx: Batcher, node: ir.Node, inputs: list[ir.Value | None], rank: int
+) -> ir.Value | None:
+    """Resize with the batch folded into axis 0, when axis 0 keeps its size; else None.
+
+    onnxruntime's linear and cubic kernels only take 2-D or 4-D inputs with the outer axes
+    unscaled, so an extra leading axis must not reach them: [B, d0, ...] becomes [B*d0, ...].
+    """
+    if rank < 1 or node.attributes.get_string("coordinate_transformation_mode", "") == (
+        "tf_crop_and_resize"
+    ):
+        return None
+    axes_attr = node.attributes.get("axes")
+    axes = [a + rank if a < 0 else a for a in axes_attr.as_ints()] if axes_attr else None
+    scales = inputs[2] if len(inputs) > 2 else None
+    sizes = inputs[3] if len(inputs) > 3 else None
+    original = node.inputs[0]
+    assert original is not None and original.shape is not None
+    first = 0 if axes is None else (axes.index(0) if 0 in axes else None)
+    # onnxruntime runs linear and cubic Resize only on 2-D or 4-D inputs whose outer scales are
+    # 1, so for those modes axis 0 keeps its size whenever the model runs at all; for nearest
+    # that must be seen in constant scales or sizes.
+    known_unscaled = node.attributes.get_string("mode", "nearest") != "nearest"
+    if first is not None and not known_unscaled:
+        if sizes is not None:
+            wanted = const_ints(sizes)
+            if wanted is None or original.shape.dims[0] != wanted[first]:
+                return None
+        elif scales is not None:
+            tensor = ir.convenience.get_const_tensor(scales)
+            if tensor is None or float(tensor.numpy().reshape(-1)[first]) != 1.0:
+                return None
+        else:
+            return None
+    x = inputs[0]
+    assert x is not None
+    merged = bx.op(
+        "Concat",
+        [bx.ints([-1]), bx.slice(bx.unbatched_shape(x, True, original), [1], [2**62], [0])],
+        {"axis": 0},
+    )
+    if sizes is not None and first is not None:
+        d0 = bx.slice(sizes, [first], [first + 1], [0])
+        scaled = bx.op("Mul", [d0, bx.batch_size])
+        parts = [
+            bx.slice(sizes, [0], [first], [0]),
+            scaled,
+            bx.slice(sizes, [first + 1], [2**62], [0]),
+        ]
+        inputs = [*inputs[:3], bx.op("Concat", parts, {"axis": 0})]
+    out = bx.op("Resize", [bx.op("Reshape", [x, merged]), *inputs[1:]], attributes_of(node))
+    tail = bx.slice(bx.op("Shape", [out]), [1], [2**62], [0])
+    return bx.op(
+        "Reshape", [out, bx.op("Concat", [bx.batch_size, bx.ints([-1]), tail], {"axis": 0})]
+    )
 
 
 for _v in _RESIZE_VERSIONS:
