@@ -350,3 +350,19 @@ def test_hessian_matches_finite_differences_of_gradient() -> None:
     np.testing.assert_allclose(
         got["hess_loss_x_w2"], np.moveaxis(got["hess_loss_w2_x"], -1, 0), rtol=1e-10
     )
+
+
+def test_batch_sizes_that_disagree_are_reported_with_axis_size() -> None:
+    # With axis_size the batch dimension is declared static on every batched input, so a feed
+    # whose batch size disagrees is rejected at the boundary, naming the input and the axis.
+    import onnxruntime as ort
+
+    m = ir.from_onnx_text(
+        """<ir_version: 10, opset_import: ["" : 18]>
+        g (double[3] a, double[2, 3] b) => (double[2, 3] y) { y = Add(a, b) }"""
+    )
+    v = onnax.vmap(m, in_axes=(0, 1), axis_size=4)
+    assert run(v, {"a": np.ones((4, 3)), "b": np.ones((2, 4, 3))})["y"].shape == (4, 2, 3)
+    with pytest.raises(ort.capi.onnxruntime_pybind11_state.InvalidArgument) as err:
+        run(v, {"a": np.ones((4, 3)), "b": np.ones((2, 5, 3))})
+    assert "input: b" in str(err.value) and "Got: 5 Expected: 4" in str(err.value)
