@@ -10,10 +10,11 @@ from collections.abc import Sequence
 
 import onnx_ir as ir
 
+from onnax.core.diagnostics import node_label, op_label
 from onnax.core.emit import Emitter
 from onnax.errors import UnsupportedOperatorError
 
-__all__ = ["Batcher", "RandomnessPolicy", "shift_axes"]
+__all__ = ["Batcher", "RandomnessPolicy", "input_name", "refuse_batched", "shift_axes"]
 
 RandomnessPolicy = str
 """``"error"``, ``"different"`` or ``"same"``."""
@@ -97,3 +98,54 @@ class Batcher(Emitter):
 def shift_axes(axes: Sequence[int], rank: int) -> list[int]:
     """Normalises axes of an unbatched rank-``rank`` value and shifts them past the batch axis."""
     return [(a + rank if a < 0 else a) + 1 for a in axes]
+
+
+SHAPE_DECIDING = (
+    "its value decides the shape of the result, so each example could get a different shape, "
+    "which one batched tensor cannot hold"
+)
+
+
+def input_name(node: ir.Node, args: Sequence[ir.Value | None], index: int) -> str:
+    """The user-facing name of input ``index`` of ``node``, for messages.
+
+    vmap hands the name of a batched graph input over to the new input, which reaches a rule
+    directly or through the Transpose moving its batch axis to 0.
+    """
+    original = node.inputs[index] if index < len(node.inputs) else None
+    if original is not None and original.name:
+        return original.name
+    arg = args[index] if index < len(args) else None
+    if arg is not None and arg.name and arg.is_graph_input():
+        return arg.name
+    producer = arg.producer() if arg is not None else None
+    if producer is not None and producer.op_type == "Transpose" and producer.inputs:
+        source = producer.inputs[0]
+        if source is not None and source.name and source.is_graph_input():
+            return source.name
+    return f"#{index}"
+
+
+def refuse_batched(
+    bx: Batcher,
+    node: ir.Node,
+    args: Sequence[ir.Value | None],
+    batched: Sequence[bool],
+    roles: dict[int, str],
+    why: str = SHAPE_DECIDING,
+) -> None:
+    """Raises when a parameter input listed in ``roles`` (index: what it is) is batched.
+
+    ``why`` may name the parameter as ``{role}``.
+
+    Raises:
+        UnsupportedOperatorError: Naming the operator, node, input and the remedy.
+    """
+    for index, role in roles.items():
+        if index < len(batched) and batched[index]:
+            raise UnsupportedOperatorError(
+                f"vmap: {op_label(node)} at opset {bx.opset} ({node_label(node)}) gets a batched "
+                f"{role} (input {index} {input_name(node, args, index)!r}): "
+                f"{why.format(role=role)}. Remedy: give the inputs it is computed from in_axes "
+                f"None (shared), so that every example uses the same {role}."
+            )

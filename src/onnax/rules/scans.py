@@ -36,7 +36,7 @@ import numpy as np
 import onnx_ir as ir
 
 from onnax.core.attrs import const_ints
-from onnax.core.batching import Batcher
+from onnax.core.batching import Batcher, refuse_batched
 from onnax.core.diagnostics import node_label, op_label
 from onnax.core.emit import Emitter, InternalRuleError
 from onnax.core.registry import batch_rules, jvp_rules, transpose_rules
@@ -67,19 +67,9 @@ def _same_op_transpose(
     return [out, *[None] * (len(node.inputs) - 1)]
 
 
-def _refuse_batched(
-    bx: Batcher, node: ir.Node, batched: Sequence[bool], index: int, role: str
-) -> None:
-    """Raises when the parameter input ``index`` (a ``role``) is batched."""
-    if index < len(batched) and batched[index]:
-        original = node.inputs[index]
-        name = original.name if original is not None and original.name else f"#{index}"
-        raise UnsupportedOperatorError(
-            f"vmap: {op_label(node)} at opset {bx.opset} ({node_label(node)}) gets a batched "
-            f"{role} (input {index} {name!r}): each example could use a different {role}, which "
-            "one batched operator cannot express. Remedy: give the inputs it is computed from "
-            f"in_axes None (shared), so that every example uses the same {role}."
-        )
+_PER_EXAMPLE = (
+    "each example could use a different {role}, which one batched operator cannot express"
+)
 
 
 def _data(args: Args) -> ir.Value:
@@ -109,7 +99,7 @@ def _cumsum_transpose(
 
 def _cumsum_batch(bx: Batcher, node: ir.Node, args: Args, batched: Sequence[bool]) -> BatchResult:
     """CumSum with its run-time axis normalised and shifted past the batch axis."""
-    _refuse_batched(bx, node, batched, 1, "axis")
+    refuse_batched(bx, node, args, batched, {1: "axis"}, _PER_EXAMPLE)
     x, axis = _data(args), args[1]
     assert axis is not None
     rank = bx.rank(_original(node))
@@ -132,7 +122,7 @@ for _v in (11, 14):
 # ------------------------------------------------------------------------------- Trilu
 def _trilu_batch(bx: Batcher, node: ir.Node, args: Args, batched: Sequence[bool]) -> BatchResult:
     """Trilu acts on the last two axes: a leading batch axis is one more matrix of the stack."""
-    _refuse_batched(bx, node, batched, 1, "diagonal offset k")
+    refuse_batched(bx, node, args, batched, {1: "diagonal offset k"}, _PER_EXAMPLE)
     inputs = [_data(args), *args[1:]]
     return [bx.op("Trilu", inputs, attributes_of(node))], [True]
 
@@ -153,7 +143,7 @@ def _topk_jvp(em: Emitter, node: ir.Node, tangents: Tangents) -> list[ir.Value |
 
 def _topk_batch(bx: Batcher, node: ir.Node, args: Args, batched: Sequence[bool]) -> BatchResult:
     """TopK with its axis attribute normalised and shifted past the batch axis."""
-    _refuse_batched(bx, node, batched, 1, "K")
+    refuse_batched(bx, node, args, batched, {1: "K"}, _PER_EXAMPLE)
     rank = bx.rank(_original(node))
     axis = node.attributes.get_int("axis", -1)
     axis = (axis + rank if axis < 0 else axis) + 1
@@ -229,7 +219,7 @@ def _compress_jvp(em: Emitter, node: ir.Node, tangents: Tangents) -> list[ir.Val
 
 def _compress_batch(bx: Batcher, node: ir.Node, args: Args, batched: Sequence[bool]) -> BatchResult:
     """Compress along the shifted axis; without an axis, along the flattened example."""
-    _refuse_batched(bx, node, batched, 1, "condition")
+    refuse_batched(bx, node, args, batched, {1: "condition"}, _PER_EXAMPLE)
     x, condition = _data(args), args[1]
     assert condition is not None
     if "axis" not in node.attributes:

@@ -42,7 +42,7 @@ import numpy as np
 import onnx_ir as ir
 
 from onnax.core.attrs import const_ints, int_attr, ints_attr, ints_param
-from onnax.core.batching import Batcher, shift_axes
+from onnax.core.batching import Batcher, refuse_batched, shift_axes
 from onnax.core.diagnostics import node_label, op_label
 from onnax.core.emit import Emitter, InternalRuleError
 from onnax.core.registry import (
@@ -220,48 +220,6 @@ def _register_batch(op_type: str, versions: Iterable[int], rule: BatchRule) -> N
         batch_rules.add(op_type, rule, since_version=v)
 
 
-def _input_name(node: ir.Node, args: Args, index: int) -> str:
-    """The user-facing name of input ``index``, for messages.
-
-    vmap hands the name of a batched graph input over to the new input (the original loses
-    it), which reaches the rule directly or through the Transpose moving its batch axis to 0.
-    """
-    original = node.inputs[index] if index < len(node.inputs) else None
-    if original is not None and original.name:
-        return original.name
-    arg = args[index] if index < len(args) else None
-    if arg is not None and arg.name and arg.is_graph_input():
-        return arg.name
-    producer = arg.producer() if arg is not None else None
-    if producer is not None and producer.op_type == "Transpose" and producer.inputs:
-        source = producer.inputs[0]
-        if source is not None and source.name and source.is_graph_input():
-            return source.name
-    return f"#{index}"
-
-
-def _refuse_batched(
-    bx: Batcher,
-    node: ir.Node,
-    args: Args,
-    batched: Sequence[bool],
-    roles: dict[int, str],
-    why: str = (
-        "its value decides the shape of the result, so each example could get a different "
-        "shape, which one batched tensor cannot hold"
-    ),
-) -> None:
-    """Raises when an input listed in ``roles`` (index: what it is) is batched."""
-    for index, role in roles.items():
-        if index < len(batched) and batched[index]:
-            raise UnsupportedOperatorError(
-                f"vmap: {op_label(node)} at opset {bx.opset} ({node_label(node)}) gets a batched "
-                f"{role} (input {index} {_input_name(node, args, index)!r}): {why}. Remedy: give "
-                "the inputs it is computed from in_axes None (shared), so that every example uses "
-                f"the same {role}."
-            )
-
-
 def _data(args: Args) -> ir.Value:
     x = args[0]
     if x is None:
@@ -333,7 +291,7 @@ def _expand_batch(bx: Batcher, node: ir.Node, args: Args, batched: Sequence[bool
     ``1 + R`` dimensions and the target is the shape padded with leading ones to ``R``, so the
     batch axis meets the batch size and every other axis lines up as in one example.
     """
-    _refuse_batched(bx, node, args, batched, {1: "target shape"})
+    refuse_batched(bx, node, args, batched, {1: "target shape"})
     x, shape = _data(args), args[1]
     assert shape is not None
     r = bx.rank(_original(node))
@@ -397,7 +355,7 @@ def _reshape_batch(bx: Batcher, node: ir.Node, args: Args, batched: Sequence[boo
     the batch axis prepended to both, position ``i`` becomes ``i + 1`` on both sides, so the
     copy still reads the right dimension; -1 still absorbs what remains of one example.
     """
-    _refuse_batched(bx, node, args, batched, {1: "target shape"})
+    refuse_batched(bx, node, args, batched, {1: "target shape"})
     x, shape = _data(args), args[1]
     assert shape is not None
     target = bx.op("Concat", [bx.batch_size, shape], {"axis": 0})
@@ -503,7 +461,7 @@ def _squeeze_batch(bx: Batcher, node: ir.Node, args: Args, batched: Sequence[boo
     (whose size may be 1): the axes are listed explicitly, from the static shape, or at run time
     as the positions where the example's shape is 1 (which needs axes as an input, opset 13).
     """
-    _refuse_batched(bx, node, args, batched, {1: "axes"})
+    refuse_batched(bx, node, args, batched, {1: "axes"})
     x, original = _data(args), _original(node)
     r = bx.rank(original)
     axes = ints_param(node, "axes", 1)
@@ -539,7 +497,7 @@ def _unsqueeze_batch(
     Unsqueeze's axes refer to the *output* of one example, of rank ``r + len(axes)``, which is
     what negative axes are normalised against.
     """
-    _refuse_batched(bx, node, args, batched, {1: "axes"})
+    refuse_batched(bx, node, args, batched, {1: "axes"})
     x, original = _data(args), _original(node)
     r = bx.rank(original)
     axes = ints_param(node, "axes", 1)
@@ -633,7 +591,7 @@ _register("Split", (2, 11, 13, 18), _same_op_jvp, _split_transpose)
 
 def _split_batch(bx: Batcher, node: ir.Node, args: Args, batched: Sequence[bool]) -> BatchResult:
     """Split along the shifted axis; the split sizes (attribute or input) are one example's."""
-    _refuse_batched(bx, node, args, batched, {1: "split sizes"})
+    refuse_batched(bx, node, args, batched, {1: "split sizes"})
     r = bx.rank(_original(node))
     axis = shift_axes([int_attr(node, "axis", 0)], r)[0]
     outs = bx.op_multi(
@@ -787,7 +745,7 @@ def _slice_batch(bx: Batcher, node: ir.Node, args: Args, batched: Sequence[bool]
     take the element type of ``starts``, as Slice requires one integer type for all of them.
     """
     roles = {1: "starts", 2: "ends", 3: "axes", 4: "steps"}
-    _refuse_batched(bx, node, args, batched, roles)
+    refuse_batched(bx, node, args, batched, roles)
     x, original = _data(args), _original(node)
     r = bx.rank(original)
     inputs = list(args) + [None] * (5 - len(args))
@@ -984,7 +942,7 @@ def _pad_batch(bx: Batcher, node: ir.Node, args: Args, batched: Sequence[bool]) 
     Pad: the data is padded with zeros and the padded positions, given by padding a tensor of
     ones, take each example's value through a Where.
     """
-    _refuse_batched(bx, node, args, batched, {1: "pads", 3: "axes"})
+    refuse_batched(bx, node, args, batched, {1: "pads", 3: "axes"})
     x, original = _data(args), _original(node)
     r = bx.rank(original)
     inputs = list(args) + [None] * (4 - len(args))
@@ -1080,7 +1038,7 @@ _register("Tile", (6, 13), _same_op_jvp, _tile_transpose)
 
 def _tile_batch(bx: Batcher, node: ir.Node, args: Args, batched: Sequence[bool]) -> BatchResult:
     """Tile with one repeat for the batch axis: ``repeats' = [1, *repeats]``."""
-    _refuse_batched(bx, node, args, batched, {1: "repeats"})
+    refuse_batched(bx, node, args, batched, {1: "repeats"})
     x, repeats = _data(args), args[1]
     assert repeats is not None
     static = const_ints(repeats)
@@ -1146,7 +1104,7 @@ def _dropout_batch(bx: Batcher, node: ir.Node, args: Args, batched: Sequence[boo
             "model for inference (training_mode absent or a constant false)."
         )
     why = "a training-mode Dropout needs one ratio and one training flag for the whole batch"
-    _refuse_batched(bx, node, args, batched, {1: "ratio", 2: "training_mode"}, why)
+    refuse_batched(bx, node, args, batched, {1: "ratio", 2: "training_mode"}, why)
     rest = list(args[1:])
     if bx.randomness == "different":
         outs = bx.op_multi("Dropout", [x, *rest], attributes_of(node), num_outputs=n)
@@ -1178,7 +1136,7 @@ def _constant_of_shape_batch(
     bx: Batcher, node: ir.Node, args: Args, batched: Sequence[bool]
 ) -> BatchResult:
     """Refused: the shape input is batched (the result would be ragged)."""
-    _refuse_batched(bx, node, args, batched, {0: "shape"})
+    refuse_batched(bx, node, args, batched, {0: "shape"})
     raise InternalRuleError("ConstantOfShape batch rule called without a batched input")
 
 
@@ -1221,7 +1179,7 @@ def _range_batch(bx: Batcher, node: ir.Node, args: Args, batched: Sequence[bool]
         "the length of the result, ceil((limit - start) / delta), is computed from it, so each "
         "example could get a different length, which one batched tensor cannot hold"
     )
-    _refuse_batched(bx, node, args, batched, {0: "start", 1: "limit", 2: "delta"}, why)
+    refuse_batched(bx, node, args, batched, {0: "start", 1: "limit", 2: "delta"}, why)
     raise InternalRuleError("Range batch rule called without a batched input")
 
 
