@@ -21,10 +21,12 @@ if TYPE_CHECKING:
 __all__ = [
     "BatchRule",
     "JvpRule",
+    "LoweringRule",
     "Registry",
     "TransposeRule",
     "batch_rules",
     "jvp_rules",
+    "lowerings",
     "transpose_rules",
 ]
 
@@ -46,6 +48,15 @@ BatchRule: TypeAlias = Callable[
 
 Batched values carry the batch dimension at axis 0; ``node`` is the original (unbatched) node,
 whose inputs and outputs keep their inferred unbatched shapes for the rule to read."""
+
+LoweringRule: TypeAlias = Callable[["Emitter", ir.Node], Sequence["ir.Value | None"]]
+"""``(emitter, node) -> replacement outputs``.
+
+A lowering emits primitive nodes (through the emitter) that compute every output of ``node``
+from its inputs, and returns the values replacing its outputs (``None`` for an output that is
+absent or unused). Expansion (:mod:`onnax.passes.expand`) applies it to a node that has no rule
+for the transform at hand, so that operators like LSTM or GridSample are covered by the rules of
+the primitives they lower to. A rule registered for the operator itself takes precedence."""
 
 R = TypeVar("R")
 
@@ -101,3 +112,4 @@ class Registry(Generic[R]):
 jvp_rules: Registry[JvpRule] = Registry("jvp")
 transpose_rules: Registry[TransposeRule] = Registry("transpose")
 batch_rules: Registry[BatchRule] = Registry("batch")
+lowerings: Registry[LoweringRule] = Registry("lowering")
