@@ -1,6 +1,6 @@
 """onnax: JAX-style transformations (grad, jvp, vjp) of ONNX models, emitting ordinary ONNX."""
 
-from onnax.api import grad, hessian, jacfwd, jacrev, jvp, vjp, vmap
+from onnax.api import grad, hessian, jacfwd, jacrev, jvp, unroll, vjp, vmap
 from onnax.errors import (
     InvalidModelError,
     OnnaxError,
@@ -26,6 +26,7 @@ __all__ = [
     "jacfwd",
     "jacrev",
     "jvp",
+    "unroll",
     "vjp",
     "vmap",
 ]

@@ -8,9 +8,10 @@ import onnx_ir as ir
 
 from onnax.core.batching import RandomnessPolicy
 from onnax.passes import GradPass, JvpPass, VjpPass
+from onnax.passes.unroll import UnrollPass
 from onnax.passes.vmap import AxisSpec, VmapPass
 
-__all__ = ["grad", "hessian", "jacfwd", "jacrev", "jvp", "vjp", "vmap"]
+__all__ = ["grad", "hessian", "jacfwd", "jacrev", "jvp", "unroll", "vjp", "vmap"]
 
 
 def jvp(
@@ -232,3 +233,25 @@ def hessian(
         block.name = f"hess_{y.name}_{x1}_{x2}"
         graph.outputs.append(block)
     return second
+
+
+def unroll(model: ir.Model, max_steps: int | None = None) -> ir.Model:
+    """Replaces every ``Scan`` and ``Loop`` whose trip count is known by copies of its body.
+
+    A ``Scan`` unrolls when the length of its scan axis is static; a ``Loop`` when its trip count
+    is a constant and its condition cannot end it early (condition input absent or constant true,
+    body condition output a copy of its input or a constant true). Loops inside bodies and ``If``
+    branches are unrolled too; the others are left in place. The result computes the same outputs
+    with no loop that could be unrolled, which suits runtimes and tools without control flow.
+
+    Args:
+        model: The model; it is not modified.
+        max_steps: Loops with more iterations than this stay as they are (None: no limit).
+
+    Returns:
+        A new ``onnx_ir.Model`` with the same inputs and outputs.
+
+    Raises:
+        InvalidModelError: The model fails ``onnx.checker`` or its opset is not supported.
+    """
+    return UnrollPass(max_steps)(model).model

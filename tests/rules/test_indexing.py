@@ -739,3 +739,89 @@ def test_derivatives_of_vmap(name: str, opset: int, in_axes: dict[str, int | Non
     check_jvp(vm, feeds)
     check_vjp(vm, feeds)
     check_adjoint(vm, feeds)
+
+
+# TensorScatter (24): linear in (past_cache, update); linear and circular modes, default and
+# explicit axis, with and without write indices.
+TENSOR_SCATTER_CASES = [
+    Case(
+        "tensor_scatter_prefill",
+        "g ({T}[2, 3, 5, 4] past, {T}[2, 3, 2, 4] update) => ({T}[2, 3, 5, 4] y) {\n"
+        " y = TensorScatter(past, update) }",
+        opsets=(24, 28),
+    ),
+    Case(
+        "tensor_scatter_indices_axis1",
+        "g ({T}[2, 5, 3] past, {T}[2, 2, 3] update, int64[2] idx) => ({T}[2, 5, 3] y) {\n"
+        " y = TensorScatter<axis = 1>(past, update, idx) }",
+        opsets=(24,),
+        fixed={"idx": np.array([1, 3])},
+    ),
+    Case(
+        "tensor_scatter_circular",
+        "g ({T}[2, 4, 3] past, {T}[2, 3, 3] update, int64[2] idx) => ({T}[2, 4, 3] y) {\n"
+        ' y = TensorScatter<axis = -2, mode = "circular">(past, update, idx) }',
+        opsets=(24,),
+        fixed={"idx": np.array([2, 3])},
+    ),
+    Case(
+        "tensor_scatter_update_only",
+        "g ({T}[2, 5, 3] past, {T}[2, 2, 3] update, int64[2] idx) => ({T}[2, 5, 3] y) {\n"
+        " y = TensorScatter<axis = 1>(past, update, idx) }",
+        opsets=(24,),
+        fixed={"idx": np.array([0, 2])},
+        inputs=["update"],
+    ),
+]
+
+
+@pytest.mark.parametrize(("case", "dtype", "opset"), parametrize(TENSOR_SCATTER_CASES), ids=case_id)
+def test_tensor_scatter(case: Case, dtype: str, opset: int) -> None:
+    run_case(case, dtype, opset)
+
+
+@pytest.mark.parametrize("case", TENSOR_SCATTER_CASES[:3], ids=case_id)
+def test_tensor_scatter_vmap(case: Case) -> None:
+    model = case.model("float", 24)
+    feeds = case.feeds(model)
+    check_vmap(model, feeds, in_axes=(0, 0, None)[: len(model.graph.inputs)], out_axes=0)
+    check_vmap(model, feeds, in_axes=(None, 1, 0)[: len(model.graph.inputs)], out_axes=1)
+
+
+# ai.onnx.ml::ArrayFeatureExtractor: a column selection along the last axis (linear in X).
+def _afe_model(x_type: str, out_type: str) -> ir.Model:
+    return ir.from_onnx_text(
+        '<ir_version: 10, opset_import: ["" : 18, "ai.onnx.ml" : 3]>\n'
+        f"g ({x_type} X, int64[3] idx) => ({out_type} Z) {{\n"
+        " Z = ai.onnx.ml.ArrayFeatureExtractor(X, idx) }"
+    )
+
+
+@pytest.mark.parametrize(
+    ("x_type", "out_type"),
+    [
+        ("float[N, 5]", "float[N, 3]"),
+        ("double[2, 3, 5]", "double[2, 3, 3]"),
+        ("float[5]", "float[1, 3]"),
+    ],
+)
+def test_array_feature_extractor(x_type: str, out_type: str) -> None:
+    model = _afe_model(x_type, out_type)
+    rng = np.random.default_rng(0)
+    shape = tuple(3 if d == "N" else int(d) for d in x_type.split("[")[1][:-1].split(", "))
+    dtype = np.float32 if x_type.startswith("float") else np.float64
+    feeds = {"X": rng.standard_normal(shape).astype(dtype), "idx": np.array([4, 0, 4])}
+    check_jvp(model, feeds)
+    check_vjp(model, feeds)
+    check_adjoint(model, feeds)
+    check_vmap(model, feeds, in_axes=(0, None), out_axes=0)
+
+
+def test_array_feature_extractor_refuses_batched_indices() -> None:
+    model = _afe_model("float[N, 5]", "float[N, 3]")
+    feeds = {"X": np.ones((2, 5), np.float32), "idx": np.array([4, 0, 1])}
+    with pytest.raises(
+        UnsupportedOperatorError,
+        match=r"(?s)ai\.onnx\.ml::ArrayFeatureExtractor.*batched indices.*'idx'.*Remedy",
+    ):
+        check_vmap(model, feeds, in_axes=(None, 0), out_axes=0)

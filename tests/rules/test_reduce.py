@@ -331,6 +331,73 @@ def test_l2_zero_slice_has_zero_tangent(opset: int) -> None:
     np.testing.assert_allclose(ct[1], [0.6, 0.0, -0.8])
 
 
+@pytest.mark.parametrize("op", ["ReduceL2", "ReduceSum", "ReduceSumSquare"])
+def test_reduction_of_an_empty_set_has_a_zero_tangent(op: str) -> None:
+    """The reduction of an empty slice is a constant: its tangent is 0, also through a Sqrt
+    (whose coefficient is infinite at 0), as in onnx's test_reduce_l2_empty_set_expanded."""
+    case = Case(
+        "empty",
+        "g ({T}[2, 0, 4] X, int64[1] A) => ({T}[2, 1, 4] Y) {\n"
+        f" S = {op}<keepdims=1>(X, A)\n Y = Sqrt(S) }}",
+        opsets=(18,),
+    )
+    for dtype, np_dtype in (("float", np.float32), ("double", np.float64)):
+        model = case.model(dtype, 18)
+        feeds = {"X": np.zeros((2, 0, 4), np_dtype), "A": np.array([1])}
+        jm = onnax.jvp(model)
+        got = run(jm, {**feeds, jm.graph.inputs[2].name: feeds["X"]})[jm.graph.outputs[1].name]
+        assert got.shape == (2, 1, 4) and not np.any(got), got
+        vm = onnax.vjp(model)
+        seed = np.ones((2, 1, 4), np_dtype)
+        ct = run(vm, {**feeds, vm.graph.inputs[2].name: seed})[vm.graph.outputs[1].name]
+        assert ct.shape == (2, 0, 4)
+
+
+@pytest.mark.parametrize("op", ["Softmax", "LogSoftmax"])
+@pytest.mark.parametrize("dtype", ["float", "double"])
+def test_fully_masked_softmax_row_gives_zero_not_nan(op: str, dtype: str) -> None:
+    """A row that is entirely -inf (attention with every key masked) has a NaN softmax, which the
+    model then discards with a Where; the derivatives must stay finite (0 there) and agree with
+    finite differences elsewhere. The mask is an additive bias, as in Attention, so that the
+    cotangent of X is the softmax's own (a Where on X would hide a NaN behind its mask)."""
+    text = (
+        "g ({T}[3, 4] X, bool[3, 4] M) => ({T}[3, 4] Y) {\n"
+        " ninf = Constant<value = float {-inf}>()\n zero = Constant<value = float {0}>()\n"
+        " n = CastLike(ninf, X)\n z = CastLike(zero, X)\n"
+        f" bias = Where(M, z, n)\n B = Add(X, bias)\n S = {op}<axis = -1>(B)\n"
+        " a = Constant<value = int64[1] {-1}>()\n D = ReduceMax<keepdims = 1>(B, a)\n"
+        " E = Equal(D, n)\n K = Where(M, S, z)\n Y = Where(E, z, K) }"
+    )
+    model = Case("masked", text).model(dtype, 18)
+    mask = np.array([[True, True, False, True], [False, False, False, False], [True] * 4])
+    np_dtype = np.float32 if dtype == "float" else np.float64
+    feeds = {"X": np.random.default_rng(0).standard_normal((3, 4)).astype(np_dtype), "M": mask}
+    check_jvp(model, feeds)
+    check_adjoint(model, feeds)
+    vm = onnax.vjp(model)
+    ct = run(vm, {**feeds, vm.graph.inputs[2].name: np.ones((3, 4), np_dtype)})
+    adj = ct[vm.graph.outputs[1].name]
+    assert np.all(np.isfinite(adj)), adj
+    assert not np.any(adj[1]), adj
+
+
+def test_vmap_after_a_reduction_over_run_time_axes() -> None:
+    """Run-time axes (computed from the input's rank, as expanded RMSNormalization does) leave
+    shape inference without the rank of the reduced value; kept dimensions keep it, and the
+    batch rules write it down so that the broadcasting nodes that follow can align operands."""
+    model = Case(
+        "rms",
+        "g ({T}[N, 4] X) => ({T}[N, 4] Y) {\n"
+        " s = Shape(X)\n r = Size(s)\n one = Constant<value = int64 {1}>()\n"
+        " axes = Range(one, r, one)\n sq = Mul(X, X)\n m = ReduceMean<keepdims = 1>(sq, axes)\n"
+        " e = Constant<value = float {0.5}>()\n ec = CastLike(e, X)\n a = Add(m, ec)\n"
+        " rms = Sqrt(a)\n Y = Div(X, rms) }",
+    ).model("float", 18)
+    feeds = {"X": np.random.default_rng(0).standard_normal((3, 4)).astype(np.float32)}
+    check_vmap(model, feeds, in_axes=0, out_axes=0)
+    check_vmap(model, feeds, in_axes=1, out_axes=1)
+
+
 # ------------------------------------------------------------------------------- errors
 @pytest.mark.parametrize("op", ["Softmax", "LogSoftmax"])
 def test_flattening_softmax_needs_a_rank(op: str) -> None:

@@ -19,7 +19,7 @@ import pytest
 
 from cases import Case, case_id, distinct, parametrize, run_case, vmap_axes
 from onnax.errors import UnsupportedOperatorError
-from oracles import check_jvp, check_vmap
+from oracles import check_vmap
 
 
 def with_zeros(rng: np.random.Generator, shape: tuple[int, ...], dtype: np.dtype) -> np.ndarray:
@@ -195,15 +195,26 @@ def test_vmap_refuses_batched_axis() -> None:
         check_vmap(model, case.feeds(model), in_axes=(0, 0), out_axes=0)
 
 
-def test_cumprod_runtime_axis_refused() -> None:
-    case = Case(
+RUNTIME_AXIS_CASES = [
+    Case(
         "cumprod_runtime_axis",
         "g ({T}[N, 3] X, int64 A) => ({T}[N, 3] Y) { Y = CumProd(X, A) }",
         opsets=(26,),
+        fill={"X": with_zeros},
         fixed={"A": np.array(1)},
-    )
-    model = case.model("float", 26)
-    with pytest.raises(
-        UnsupportedOperatorError, match=r"(?s)ai\.onnx::CumProd.*'Y'.*constant axis.*'A'.*Remedy"
-    ):
-        check_jvp(model, case.feeds(model), ["X"])
+    ),
+    Case(
+        "cumprod_runtime_neg_axis_reverse_exclusive",
+        "g ({T}[2, N, 3] X, int32[1] A) => ({T}[2, N, 3] Y) {\n"
+        " Y = CumProd<reverse=1, exclusive=1>(X, A) }",
+        opsets=(26, 28),
+        fill={"X": with_zeros},
+        fixed={"A": np.array([-2], np.int32)},
+    ),
+]
+"""CumProd whose axis is a model input (known at run time only), as in the ONNX node tests."""
+
+
+@pytest.mark.parametrize(("case", "dtype", "opset"), parametrize(RUNTIME_AXIS_CASES), ids=case_id)
+def test_cumprod_runtime_axis(case: Case, dtype: str, opset: int) -> None:
+    run_case(case, dtype, opset)

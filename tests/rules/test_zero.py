@@ -617,3 +617,153 @@ def test_derivatives_of_vmapped_onehot_with_batched_values() -> None:
     check_jvp(vm, feeds)
     check_vjp(vm, feeds)
     check_adjoint(vm, feeds)
+
+
+# Operators whose results are integers or piecewise constant in their float inputs: a zero
+# derivative, checked against finite differences (which see zero away from the jumps), and
+# their batch rules against a loop. BitCast-26 and MelWeightMatrix-17 have no double kernel in
+# onnxruntime for these inputs: float only.
+def _ml_model(text: str, opset: int = 26, ml: int = 5) -> ir.Model:
+    return ir.from_onnx_text(
+        f'<ir_version: 10, opset_import: ["" : {opset}, "ai.onnx.ml" : {ml}]>\n' + text
+    )
+
+
+PIECEWISE_CONSTANT = {
+    "bitcast_to_int32": (
+        "g (float[N, 3] X) => (int32[N, 3] Y, float[N, 3] Z) {\n"
+        " Y = BitCast<to = 6>(X)\n Z = Mul(X, X) }",
+        {"X": lambda rng: rng.standard_normal((2, 3)).astype(np.float32)},
+    ),
+    "binarizer": (
+        "g (float[N, 4] X) => (float[N, 4] Y) {\n Y = ai.onnx.ml.Binarizer<threshold = 0.5>(X) }",
+        {"X": lambda rng: (rng.uniform(-2, 2, (3, 4)) + 0.0).astype(np.float32)},
+    ),
+    "tree_ensemble": (
+        "g (double[N, 2] X) => (double[N, 1] Y) {\n"
+        " Y = ai.onnx.ml.TreeEnsemble<aggregate_function = 1, post_transform = 0, n_targets = 1,\n"
+        "   tree_roots = [0], nodes_modes = uint8[1] {0}, nodes_featureids = [0],\n"
+        "   nodes_splits = double[1] {0.25}, nodes_truenodeids = [0],\n"
+        "   nodes_trueleafs = [1], nodes_falsenodeids = [1], nodes_falseleafs = [1],\n"
+        "   leaf_targetids = [0, 0], leaf_weights = double[2] {1.5, -2.0}>(X) }",
+        {"X": lambda rng: rng.uniform(-2, 2, (3, 2))},
+    ),
+    "mel_weight_matrix": (
+        "g (float lo, float hi) => (float[9, 8] W) {\n"
+        " n = Constant<value = int64 {8}>()\n d = Constant<value = int64 {16}>()\n"
+        " r = Constant<value = int64 {8192}>()\n W = MelWeightMatrix(n, d, r, lo, hi) }",
+        {
+            "lo": lambda rng: np.array(30.0, np.float32),
+            "hi": lambda rng: np.array(3500.0, np.float32),
+        },
+    ),
+}
+
+
+def _feeds(fills: dict, seed: int = 0) -> dict[str, np.ndarray]:
+    rng = np.random.default_rng(seed)
+    return {k: np.asarray(f(rng)) for k, f in fills.items()}
+
+
+@pytest.mark.parametrize("name", sorted(PIECEWISE_CONSTANT))
+def test_piecewise_constant_ops_have_a_zero_derivative(name: str) -> None:
+    text, fills = PIECEWISE_CONSTANT[name]
+    model = _ml_model(text)
+    feeds = _feeds(fills)
+    jm = check_jvp(model, feeds)
+    check_vjp(model, feeds)
+    check_adjoint(model, feeds)
+    # The tangents of the piecewise-constant outputs are exactly zero (not just small).
+    n_in, n_out = len(model.graph.inputs), len(model.graph.outputs)
+    float_outs = [
+        i
+        for i, v in enumerate(model.graph.outputs)
+        if v.dtype in (ir.DataType.FLOAT, ir.DataType.DOUBLE)
+    ]
+    rng = np.random.default_rng(5)
+    tangents = {
+        v.name: rng.standard_normal(feeds[x.name].shape).astype(feeds[x.name].dtype)
+        for x, v in zip(model.graph.inputs, jm.graph.inputs[n_in:], strict=False)
+    }
+    out = run(jm, {**feeds, **tangents})
+    tangent_names = [v.name for v in jm.graph.outputs[n_out:]]
+    if name != "bitcast_to_int32":  # there Z = X * X has a real tangent
+        for t in tangent_names[: len(float_outs)]:
+            assert not np.any(out[t]), (name, t)
+
+
+@pytest.mark.parametrize("name", ["bitcast_to_int32", "binarizer", "tree_ensemble"])
+def test_vmap_of_piecewise_constant_ops(name: str) -> None:
+    text, fills = PIECEWISE_CONSTANT[name]
+    model = _ml_model(text)
+    check_vmap(model, _feeds(fills), in_axes=0, out_axes=0)
+    check_vmap(model, _feeds(fills), in_axes=1, out_axes=-1)
+
+
+@pytest.mark.parametrize("op", ["QLinearMatMul"])
+def test_quantized_matmul_has_a_zero_derivative(op: str) -> None:
+    # The scales are float inputs, the result is an integer: nothing to differentiate, but the
+    # derivative reaches the node and must flow past it (the float output Z = a_scale * 2 shows
+    # the selection is honoured).
+    model = ir.from_onnx_text(
+        '<ir_version: 10, opset_import: ["" : 21]>\n'
+        "g (uint8[2, 3] a, float a_scale, uint8[3, 2] b) => (uint8[2, 2] y, float z) {\n"
+        " zp = Constant<value = uint8 {0}>()\n s = Constant<value = float {0.5}>()\n"
+        " y = QLinearMatMul(a, a_scale, zp, b, s, zp, s, zp)\n z = Add(a_scale, a_scale) }"
+    )
+    feeds = {
+        "a": np.arange(6, dtype=np.uint8).reshape(2, 3),
+        "a_scale": np.array(0.1, np.float32),
+        "b": np.arange(6, dtype=np.uint8).reshape(3, 2),
+    }
+    check_jvp(model, feeds)
+    check_vjp(model, feeds)
+    check_adjoint(model, feeds)
+
+
+QLINEAR_MATMUL = (
+    "g (uint8[N, 2, 3] a, float a_scale, uint8[3, 2] b) => (uint8[N, 2, 2] y) {\n"
+    " zp = Constant<value = uint8 {0}>()\n s = Constant<value = float {0.5}>()\n"
+    " y = QLinearMatMul(a, a_scale, zp, b, s, zp, s, zp) }"
+)
+
+
+def test_vmap_qlinear_matmul() -> None:
+    model = ir.from_onnx_text('<ir_version: 10, opset_import: ["" : 21]>\n' + QLINEAR_MATMUL)
+    rng = np.random.default_rng(0)
+    feeds = {
+        "a": rng.integers(0, 20, (2, 2, 3)).astype(np.uint8),
+        "a_scale": np.array(0.1, np.float32),
+        "b": rng.integers(0, 20, (3, 2)).astype(np.uint8),
+    }
+    check_vmap(model, feeds, in_axes=(0, None, 0), out_axes=0)
+    check_vmap(model, feeds, in_axes=(None, None, 1), out_axes=-1)
+    with pytest.raises(
+        UnsupportedOperatorError, match=r"(?s)ai\.onnx::QLinearMatMul.*'a_scale'.*Remedy"
+    ):
+        onnax.vmap(model, in_axes=(None, 0, None))
+
+
+def test_vmap_qlinear_conv() -> None:
+    model = ir.from_onnx_text(
+        '<ir_version: 10, opset_import: ["" : 10]>\n'
+        "g (uint8[1, 1, 4, 4] x, uint8[1, 1, 2, 2] w) => (uint8[1, 1, 3, 3] y) {\n"
+        " s = Constant<value = float {0.25}>()\n zp = Constant<value = uint8 {3}>()\n"
+        " y = QLinearConv(x, s, zp, w, s, zp, s, zp) }"
+    )
+    rng = np.random.default_rng(1)
+    feeds = {
+        "x": rng.integers(0, 30, (1, 1, 4, 4)).astype(np.uint8),
+        "w": rng.integers(0, 9, (1, 1, 2, 2)).astype(np.uint8),
+    }
+    check_vmap(model, feeds, in_axes=(0, None), out_axes=0)
+    with pytest.raises(UnsupportedOperatorError, match=r"(?s)ai\.onnx::QLinearConv.*'w'.*Remedy"):
+        onnax.vmap(model, in_axes=(None, 0))
+
+
+def test_vmap_mel_weight_matrix_is_refused() -> None:
+    text, _ = PIECEWISE_CONSTANT["mel_weight_matrix"]
+    with pytest.raises(
+        UnsupportedOperatorError, match=r"(?s)ai\.onnx::MelWeightMatrix.*'lo'.*one matrix.*Remedy"
+    ):
+        onnax.vmap(_ml_model(text), in_axes=(0, None))

@@ -6,7 +6,9 @@ ones. A rule therefore only needs the unbatched shapes (from the original node) 
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Sequence
+from typing import Protocol
 
 import onnx_ir as ir
 
@@ -14,10 +16,39 @@ from onnax.core.diagnostics import node_label, op_label
 from onnax.core.emit import Emitter
 from onnax.errors import UnsupportedOperatorError
 
-__all__ = ["Batcher", "RandomnessPolicy", "input_name", "refuse_batched", "shift_axes"]
+__all__ = [
+    "BatchedBody",
+    "Batcher",
+    "RandomnessPolicy",
+    "Walker",
+    "detach",
+    "input_name",
+    "refuse_batched",
+    "shift_axes",
+]
 
 RandomnessPolicy = str
 """``"error"``, ``"different"`` or ``"same"``."""
+
+
+class Walker(Protocol):
+    """The pass's batching walk, for rules that batch subgraphs (If, Loop, Scan).
+
+    One map from original values to their replacements serves the graph and all its subgraphs,
+    so a body that reads a batched value of an enclosing graph reads its batched replacement.
+    """
+
+    def lookup(self, value: ir.Value) -> tuple[ir.Value, bool]:
+        """The replacement of an original value and whether it is batched (batch axis at 0)."""
+        ...
+
+    def bind(self, original: ir.Value, new: ir.Value, batched: bool) -> None:
+        """Records ``new`` as the replacement of ``original``."""
+        ...
+
+    def batch_nodes(self, bx: Batcher, nodes: Sequence[ir.Node]) -> None:
+        """Batches ``nodes`` (placed in a graph, in order) with ``bx``, emitting next to them."""
+        ...
 
 
 class Batcher(Emitter):
@@ -27,14 +58,76 @@ class Batcher(Emitter):
         opset: The default-domain opset to emit for.
         batch_size: A 1-D int64 value of one element holding the batch size (static or run time).
         randomness: How random operators behave under vmap.
+        batch_dim: The batch dimension for declared shapes (an int or a symbolic dimension).
+        walker: The pass's walk, needed by rules that batch subgraphs.
     """
 
     def __init__(
-        self, opset: int, batch_size: ir.Value, randomness: RandomnessPolicy = "error"
+        self,
+        opset: int,
+        batch_size: ir.Value,
+        randomness: RandomnessPolicy = "error",
+        batch_dim: int | ir.SymbolicDim | None = None,
+        walker: Walker | None = None,
     ) -> None:
         super().__init__(opset)
         self.batch_size = batch_size
         self.randomness = randomness
+        self.batch_dim = batch_dim
+        self.walker = walker
+
+    # ------------------------------------------------------------------ subgraphs
+    def child(self) -> Batcher:
+        """A batcher for a subgraph: same batch size and walk, its own constant cache.
+
+        Constants are cached per graph: one emitted inside a body is out of scope elsewhere.
+        """
+        return Batcher(self.opset, self.batch_size, self.randomness, self.batch_dim, self.walker)
+
+    def _walk(self) -> Walker:
+        if self.walker is None:
+            raise RuntimeError("this Batcher has no walker: subgraphs need VmapPass")
+        return self.walker
+
+    def lookup(self, value: ir.Value) -> tuple[ir.Value, bool]:
+        """The replacement of an original value and whether it is batched."""
+        return self._walk().lookup(value)
+
+    def batch_nodes(self, nodes: Sequence[ir.Node]) -> None:
+        """Batches nodes already placed in this batcher's graph (before the current node)."""
+        self._walk().batch_nodes(self, nodes)
+
+    def batched_value_shape(self, original: ir.Value) -> ir.Shape | None:
+        """The declared shape of the batched replacement of ``original`` (None if unknown)."""
+        if original.shape is None or self.batch_dim is None:
+            return None
+        return ir.Shape([self.batch_dim, *original.shape.dims])
+
+    def batch_body(self, graph: ir.Graph, batched_inputs: Sequence[bool]) -> BatchedBody:
+        """Batches a subgraph in place (pass a clone): flagged inputs carry the batch at axis 0.
+
+        The body's nodes are batched by the pass's walk with a child batcher; values the body
+        reads from enclosing graphs are found through the shared map. The outputs are not
+        rewritten yet: see :meth:`BatchedBody.finish`.
+        """
+        walker = self._walk()
+        for i, (x, flag) in enumerate(zip(graph.inputs, batched_inputs, strict=True)):
+            if flag:
+                new = ir.Value(name=x.name, type=x.type, shape=self.batched_value_shape(x))
+                # The original leaves the body with its consumers, which the walk replaces.
+                graph.inputs[i] = new
+                walker.bind(x, new, True)
+        child = self.child()
+        walker.batch_nodes(child, list(graph))
+        originals = list(graph.outputs)
+        looked = [walker.lookup(y) for y in originals]
+        return BatchedBody(
+            graph=graph,
+            bx=child,
+            originals=originals,
+            outputs=[v for v, _ in looked],
+            batched=[b for _, b in looked],
+        )
 
     def rank(self, value: ir.Value) -> int:
         """The unbatched rank of an original value (its inferred shape must be known)."""
@@ -93,6 +186,84 @@ class Batcher(Emitter):
     def batched_shape(self, shape: ir.Value) -> ir.Value:
         """Prepends the batch size to a 1-D int64 shape value."""
         return self.op("Concat", [self.batch_size, shape], {"axis": 0})
+
+
+def detach(graph: ir.Graph) -> None:
+    """Makes every node of ``graph`` (subgraphs included) stop using values.
+
+    Liveness is read off ``uses()``: a discarded body (a dead node's, or a trial copy) would
+    otherwise keep the unbatched computation of the values it reads alive.
+    """
+    for node in graph.all_nodes():
+        for i in range(len(node.inputs)):
+            if node.inputs[i] is not None:
+                node.replace_input_with(i, None)
+
+
+@dataclasses.dataclass
+class BatchedBody:
+    """A subgraph whose nodes have been batched, before its outputs are rewritten.
+
+    Attributes:
+        graph: The (copied) subgraph, batched in place.
+        bx: The batcher of the subgraph: nodes for its outputs are emitted through it.
+        originals: The original outputs (unbatched shapes, for materialising).
+        outputs: The replacement of each output.
+        batched: Which replacements carry the batch axis at 0.
+    """
+
+    graph: ir.Graph
+    bx: Batcher
+    originals: list[ir.Value]
+    outputs: list[ir.Value]
+    batched: list[bool]
+
+    def finish(self, force: Sequence[bool] | None = None) -> list[bool]:
+        """Writes the outputs, materialising those ``force`` asks to be batched.
+
+        Returns:
+            Which outputs are batched.
+        """
+        flags = [b or bool(force and force[i]) for i, b in enumerate(self.batched)]
+        values = []
+        for y, new, was, flag in zip(
+            self.originals, self.outputs, self.batched, flags, strict=True
+        ):
+            if flag and not was:
+                new = self.bx.materialize(new, False, y)
+            values.append(new)
+        self.set_outputs(
+            [
+                (v, y.type, self.bx.batched_value_shape(y) if f else y.shape)
+                for v, y, f in zip(values, self.originals, flags, strict=True)
+            ]
+        )
+        self.batched = flags
+        return flags
+
+    def set_outputs(
+        self, outputs: Sequence[tuple[ir.Value, ir.TypeProtocol | None, ir.Shape | None]]
+    ) -> None:
+        """Makes ``(value, type, shape)`` the outputs of the body, in order.
+
+        A value that is not computed by a node of the body (an input, an outer value) or that is
+        already an output goes through an ``Identity``, so that every output is its own value.
+        """
+        graph = self.graph
+        placed: set[ir.Value] = set()
+        new_values = []
+        for value, vtype, shape in outputs:
+            producer = value.producer()
+            if producer is None or producer.graph is not graph or value in placed:
+                value = self.bx.op("Identity", [value])
+            placed.add(value)
+            if vtype is not None:
+                value.type = vtype
+            value.shape = shape
+            new_values.append(value)
+        graph.extend(self.bx.take())
+        graph.outputs.clear()
+        graph.outputs.extend(new_values)
 
 
 def shift_axes(axes: Sequence[int], rank: int) -> list[int]:

@@ -22,6 +22,40 @@ def cleanup(model: ir.Model) -> ir.Model:
     model.graph.sort()
     common.OutputFixPass()(model)
     common.NameFixPass()(model)
+    _unique_across_scopes(model)
     if not model.graph.name:
         model.graph.name = "main"
     return model
+
+
+def _unique_across_scopes(model: ir.Model) -> None:
+    """Renames values whose name a value of another graph (a subgraph, an outer graph) holds.
+
+    onnxruntime wants one name per value in the whole model, subgraphs included, and
+    ``NameFixPass`` only avoids the names of enclosing graphs seen *before* a subgraph: a name it
+    gives inside a body can collide with an outer value placed after the node. The main graph's
+    inputs, outputs and initializers keep their names; later holders of a name are renamed.
+    """
+    graph = model.graph
+    public = [*graph.inputs, *graph.outputs, *graph.initializers.values()]
+    values = [
+        v
+        for g in model.graphs()
+        for v in (*g.inputs, *g.initializers.values(), *(o for n in g for o in n.outputs))
+    ]
+    used = {v.name for v in values if v.name}
+    taken: set[str] = set()
+    seen: set[ir.Value] = set()
+    for value in (*public, *values):
+        if value in seen:
+            continue
+        seen.add(value)
+        if value.name and value.name not in taken:
+            taken.add(value.name)
+            continue
+        base, k = value.name or "v", 1
+        while f"{base}_{k}" in used:
+            k += 1
+        value.name = f"{base}_{k}"
+        used.add(value.name)
+        taken.add(value.name)

@@ -4,6 +4,10 @@ Every node that an active value (one carrying a tangent) reaches gets its jvp ru
 emitted nodes go into the graph right after the primal node. Tangents are tracked in a map; a
 value without an entry has a symbolic zero tangent and costs nothing. The nodes computing
 tangents are *linear* in the tangent inputs: reverse mode transposes exactly those.
+
+The walk is graph-generic: the control-flow rules (If, Loop, Scan) linearize their bodies with it
+through :class:`~onnax.core.subgraphs.BodyHooks`, seeded with the tangents of the values the body
+can see (its own inputs and the outer values it captures).
 """
 
 from __future__ import annotations
@@ -13,13 +17,16 @@ import dataclasses
 import onnx_ir as ir
 
 from onnax.core.diagnostics import check_active_node, missing_rule
-from onnax.core.emit import Emitter
 from onnax.core.registry import jvp_rules
 from onnax.core.selection import is_float
-from onnax.core.subgraphs import subgraph_reads
+from onnax.core.subgraphs import BodyHooks, ScopedEmitter, name_values, subgraph_reads
+from onnax.passes.expand import expand
 from onnax.rules import collect
 
-__all__ = ["Linearization", "linearize"]
+__all__ = ["CONTROL_FLOW", "Linearization", "linearize", "linearize_graph"]
+
+CONTROL_FLOW = frozenset({"If", "Loop", "Scan"})
+"""Operators whose rules handle the outer values their subgraphs capture."""
 
 
 @dataclasses.dataclass
@@ -33,6 +40,9 @@ class Linearization:
         linear: Every value computed from the tangent inputs.
         linear_nodes: The nodes producing linear values, in graph order.
         opset: The default-domain opset of the model.
+        transform: The user-facing transform name.
+        replaced: Outputs of nodes that forward mode replaced, mapped to their replacements
+            (graph outputs keep their names but become new values).
     """
 
     tangent_inputs: list[ir.Value]
@@ -41,50 +51,102 @@ class Linearization:
     linear: set[ir.Value]
     linear_nodes: list[ir.Node]
     opset: int
+    transform: str = ""
+    replaced: dict[ir.Value, ir.Value] = dataclasses.field(default_factory=dict)
 
 
-def linearize(model: ir.Model, inputs: list[ir.Value], transform: str) -> Linearization:
+def _default_mode(transform: str) -> str:
+    return "forward" if transform in ("jvp", "jacfwd") else "linearize"
+
+
+def linearize(
+    model: ir.Model, inputs: list[ir.Value], transform: str, mode: str | None = None
+) -> Linearization:
     """Adds tangent inputs for ``inputs`` and the nodes computing every reachable tangent.
 
     The tangent inputs are appended to the graph inputs, unnamed; the caller names them or
     removes them again.
+
+    Args:
+        model: The prepared model; changed in place.
+        inputs: The primal values to seed.
+        transform: The user-facing transform name, for messages.
+        mode: ``"forward"`` (control-flow nodes compute primal and tangent in one node) or
+            ``"linearize"`` (reverse mode: the primal nodes stay and linear nodes are added
+            beside them). Default: forward for jvp, linearize otherwise.
 
     Raises:
         UnsupportedOperatorError: If an active path reaches an operator without a jvp rule.
         UnsupportedValueError: If it reaches a random operator, a sequence or an optional.
     """
     collect()
+    expand(model, inputs, jvp_rules, transform)
     graph = model.graph
     opset = model.opset_imports[""]
-    linear: set[ir.Value] = set()
-    em = Emitter(opset, linear)
-    tangent: dict[ir.Value, ir.Value] = {}
-    tangent_of: dict[ir.Value, ir.Value] = {}
-    tangent_inputs: list[ir.Value] = []
+    lin = Linearization([], {}, {}, set(), [], opset, transform)
     for x in inputs:
         t = ir.Value(name=None, type=x.type, shape=x.shape.copy() if x.shape is not None else None)
         graph.inputs.append(t)
-        linear.add(t)
-        tangent[x] = t
-        tangent_of[t] = x
-        tangent_inputs.append(t)
-    linear_nodes: list[ir.Node] = []
+        lin.linear.add(t)
+        lin.tangent[x] = t
+        lin.tangent_of[t] = x
+        lin.tangent_inputs.append(t)
+    linearize_graph(graph, lin, mode or _default_mode(transform))
+    name_values(model)
+    return lin
+
+
+def linearize_graph(graph: ir.Graph, lin: Linearization, mode: str) -> None:
+    """Linearizes ``graph`` in place, reading and extending ``lin`` (its tangent map is seeded).
+
+    Emitted linear nodes are appended to ``lin.linear_nodes``.
+    """
+
+    def linearize_body(body: ir.Graph, seeds: dict[ir.Value, ir.Value]) -> Linearization:
+        sub = Linearization(
+            [], dict(seeds), lin.tangent_of, lin.linear, [], lin.opset, lin.transform
+        )
+        for x, t in seeds.items():
+            if t not in lin.tangent_of:
+                # A tangent input of the body (outer tangents are known already).
+                lin.tangent_of[t] = x
+                lin.linear.add(t)
+        linearize_graph(body, sub, mode)
+        return sub
+
+    def no_transpose(*_: object) -> list[ir.Value | None]:
+        raise AssertionError("transposition is not part of linearization")
+
+    hooks = BodyHooks(
+        mode=mode,
+        transform=lin.transform,
+        linearize_body=linearize_body,
+        transpose_body=no_transpose,
+    )
+    em = ScopedEmitter(lin.opset, lin.linear, hooks, lin.tangent)
+    tangent = lin.tangent
     for node in list(graph):
         tangents_in = [tangent.get(v) if v is not None else None for v in node.inputs]
         captured = [v for v in subgraph_reads(node) if v in tangent]
         if all(t is None for t in tangents_in) and not captured:
             continue
         active = [t is not None for t in tangents_in]
-        check_active_node(transform, node, opset, active)
-        rule = jvp_rules.lookup(node.domain, node.op_type, opset)
-        if rule is None or captured:
-            raise missing_rule(transform, node, opset, active)
+        check_active_node(lin.transform, node, lin.opset, active)
+        rule = jvp_rules.lookup(node.domain, node.op_type, lin.opset)
+        if rule is None or (captured and not (node.domain == "" and node.op_type in CONTROL_FLOW)):
+            raise missing_rule(lin.transform, node, lin.opset, active)
+        em.replaced = {}
         tangents_out = rule(em, node, tangents_in)
         emitted = em.take()
         if emitted:
             graph.insert_after(node, emitted)
-            linear_nodes.extend(n for n in emitted if any(o in linear for o in n.outputs))
-        for out, t_out in zip(node.outputs, tangents_out, strict=False):
+            lin.linear_nodes.extend(n for n in emitted if any(o in lin.linear for o in n.outputs))
+        outputs = [em.replaced.get(o, o) for o in node.outputs]
+        if em.replaced:
+            # A forward-mode control-flow rule replaced the node by one computing both.
+            graph.remove(node, safe=True)
+            lin.replaced.update(em.replaced)
+        for out, t_out in zip(outputs, tangents_out, strict=False):
             if t_out is not None and (is_float(out) or out.type is None):
                 # A tangent has its primal's shape by contract. Saying so now keeps the symbols
                 # that inference would otherwise invent for broadcasts, so transposes can find a
@@ -94,5 +156,4 @@ def linearize(model: ir.Model, inputs: list[ir.Value], transform: str) -> Linear
                 if t_out.type is None and out.type is not None:
                     t_out.type = out.type
                 tangent[out] = t_out
-                tangent_of.setdefault(t_out, out)
-    return Linearization(tangent_inputs, tangent, tangent_of, linear, linear_nodes, opset)
+                lin.tangent_of.setdefault(t_out, out)

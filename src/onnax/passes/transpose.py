@@ -6,6 +6,11 @@ tangents. Shape inference then gives every linear value a shape. The linear node
 backwards and each one's transpose rule turns the cotangent of its output into cotangents of its
 linear inputs, summed where a value has several consumers. Finally the linear nodes and the
 tangent inputs are removed: the reverse sweep never reads a tangent.
+
+The walk is graph-generic: the transpose rules of If, Loop and Scan transpose their linear bodies
+with it (through :class:`~onnax.core.subgraphs.BodyHooks`). A node whose subgraphs read outer
+linear values returns their cotangents after those of its explicit inputs, in the order of
+:func:`~onnax.core.subgraphs.captured_linear`.
 """
 
 from __future__ import annotations
@@ -14,13 +19,23 @@ from collections.abc import Sequence
 
 import onnx_ir as ir
 
-from onnax.core.emit import Emitter, InternalRuleError
+from onnax.core.emit import InternalRuleError
 from onnax.core.registry import transpose_rules
 from onnax.core.shapes import ShapeOracle
+from onnax.core.subgraphs import (
+    TAKEN,
+    BodyHooks,
+    BodyLinearization,
+    ScopedEmitter,
+    captured_linear,
+    discard_graph,
+    graph_attributes,
+    name_values,
+)
 from onnax.passes.linearize import Linearization
 from onnax.passes.prepare import infer_shapes
 
-__all__ = ["transpose_linear"]
+__all__ = ["transpose_graph", "transpose_linear"]
 
 
 def transpose_linear(
@@ -37,12 +52,62 @@ def transpose_linear(
         seeds: ``(primal output, cotangent seed)`` pairs.
         inputs: The selected primal inputs whose cotangents are wanted.
     """
-    graph = model.graph
     infer_shapes(model)
-    primal_values = [v for v in graph.inputs if v not in lin.linear]
-    primal_values += [v for n in graph for v in n.outputs if v not in lin.linear]
-    oracle = ShapeOracle(primal_values, lin.tangent_of)
-    em = Emitter(lin.opset, lin.linear)
+    # A control-flow rule may have replaced the node producing an output (the primal Loop of
+    # reverse mode, which gains an iteration counter): its seed belongs to the replacement.
+    outputs = [(lin.replaced.get(y, y), s) for y, s in seeds]
+    linear_seeds = [(lin.tangent[y], s) for y, s in outputs if y in lin.tangent]
+    results = transpose_graph(model.graph, lin, linear_seeds, [lin.tangent[x] for x in inputs], [])
+    for t in lin.tangent_inputs:
+        if t in model.graph.inputs:
+            model.graph.inputs.remove(t)
+    name_values(model)
+    return results
+
+
+def transpose_graph(
+    graph: ir.Graph,
+    lin: Linearization,
+    seeds: Sequence[tuple[ir.Value, ir.Value]],
+    wanted: Sequence[ir.Value],
+    outer_values: Sequence[ir.Value],
+) -> list[ir.Value | None]:
+    """Transposes the linear nodes of ``graph`` in place; returns the cotangents of ``wanted``.
+
+    Args:
+        graph: The graph (main graph or a body) holding ``lin.linear_nodes``.
+        lin: Its linearization.
+        seeds: ``(linear value, cotangent)`` pairs; linear values may be outputs of the graph.
+        wanted: Linear values whose cotangents are returned (graph inputs or outer values).
+        outer_values: Non-linear values of the enclosing graphs, visible here by capture: shape
+            witnesses for linear values.
+
+    The linear nodes are removed afterwards, and so are the graph inputs that are linear.
+    """
+    values = [v for v in graph.inputs if v not in lin.linear]
+    values += [v for n in graph for v in n.outputs if v not in lin.linear]
+    scope_values = [*values, *outer_values]
+    oracle = ShapeOracle(scope_values, lin.tangent_of)
+
+    def transpose_body(
+        body: ir.Graph,
+        sub: BodyLinearization,
+        body_seeds: Sequence[tuple[ir.Value, ir.Value]],
+        body_wanted: Sequence[ir.Value],
+    ) -> list[ir.Value | None]:
+        assert isinstance(sub, Linearization)
+        return transpose_graph(body, sub, body_seeds, body_wanted, scope_values)
+
+    def no_linearize(*_: object) -> Linearization:
+        raise AssertionError("linearization is not part of transposition")
+
+    hooks = BodyHooks(
+        mode="transpose",
+        transform=lin.transform,
+        linearize_body=no_linearize,
+        transpose_body=transpose_body,
+    )
+    em = ScopedEmitter(lin.opset, lin.linear, hooks)
     em.shape_witness = lambda v: oracle(em, v)
 
     cotangent: dict[ir.Value, ir.Value] = {}
@@ -51,9 +116,8 @@ def transpose_linear(
         previous = cotangent.get(value)
         cotangent[value] = ct if previous is None else em.op("Add", [previous, ct])
 
-    for y, seed in seeds:
-        t = lin.tangent.get(y)
-        if t is not None:
+    for t, seed in seeds:
+        if t in lin.linear:
             accumulate(t, seed)
     for node in reversed(lin.linear_nodes):
         cts_out = [cotangent.pop(o, None) for o in node.outputs]
@@ -65,12 +129,24 @@ def transpose_linear(
                 f"a jvp rule emitted {node.op_type} on a tangent, but it has no transpose rule"
             )
         mask = [v is not None and v in lin.linear for v in node.inputs]
+        captured = captured_linear(node, lin.linear)
         cts_in = rule(em, node, cts_out, mask)
-        for value, ct, is_linear in zip(node.inputs, cts_in, mask, strict=False):
+        n_in = len(node.inputs)
+        for value, ct, is_linear in zip(node.inputs, cts_in[:n_in], mask, strict=False):
             if ct is not None and is_linear and value is not None:
                 accumulate(value, ct)
+        extra = list(cts_in[n_in:])
+        if extra or captured:
+            if len(extra) != len(captured):
+                raise InternalRuleError(
+                    f"the transpose rule of {node.op_type} returned {len(extra)} cotangents for "
+                    f"{len(captured)} captured linear values"
+                )
+            for value, ct in zip(captured, extra, strict=True):
+                if ct is not None:
+                    accumulate(value, ct)
         graph.extend(em.take())
-    results = [cotangent.get(lin.tangent[x]) for x in inputs]
+    results = [cotangent.get(w) for w in wanted]
     graph.extend(em.take())
     _remove_linear(graph, lin)
     return results
@@ -80,6 +156,14 @@ def _remove_linear(graph: ir.Graph, lin: Linearization) -> None:
     for node in lin.linear_nodes:
         for i in range(len(node.inputs)):
             node.replace_input_with(i, None)
+        if not node.meta.get(TAKEN):
+            # A body that was not transposed still reads outer values: drop those uses.
+            for body in graph_attributes(node):
+                discard_graph(body)
+    linear_outputs = [v for v in graph.outputs if v in lin.linear]
+    for v in linear_outputs:
+        # Only a body can output linear values (its tangents); its rule sets new outputs.
+        graph.outputs.remove(v)
     graph.remove(lin.linear_nodes, safe=True)
-    for t in lin.tangent_inputs:
+    for t in [v for v in graph.inputs if v in lin.linear]:
         graph.inputs.remove(t)

@@ -5,6 +5,12 @@ work is done once). A node with a batched input is handed to its batch rule, whi
 batched computation right after it; the original node then becomes dead and is removed. Batched
 values keep their batch dimension at axis 0 inside the graph; inputs and outputs are moved to
 and from the requested axes at the boundary.
+
+Control flow (If, Loop, Scan; :mod:`onnax.rules.control_flow_batch`) batches its subgraphs
+through the same walk and the same map from original values to replacements, so a body that
+reads a batched value of an enclosing graph (implicit capture) reads its batched replacement. A
+node whose subgraph reads a batched value, or draws random numbers under ``randomness`` other
+than ``"same"``, is batched even when none of its own inputs is.
 """
 
 from __future__ import annotations
@@ -13,13 +19,14 @@ from collections.abc import Mapping, Sequence
 
 import onnx_ir as ir
 
-from onnax.core.batching import Batcher, RandomnessPolicy
+from onnax.core.batching import Batcher, RandomnessPolicy, detach
 from onnax.core.diagnostics import RANDOM_OPS, node_label, op_label
 from onnax.core.registry import batch_rules
 from onnax.core.selection import format_shape
 from onnax.core.subgraphs import subgraph_reads
 from onnax.errors import SelectionError, UnsupportedOperatorError
 from onnax.passes.cleanup import cleanup
+from onnax.passes.expand import expand
 from onnax.passes.prepare import prepare
 from onnax.rules import collect
 
@@ -144,15 +151,17 @@ class VmapPass(ir.passes.FunctionalPass):
                 f"vmap: no input is batched (in_axes resolves to None for every input of {[v.name for v in inputs]}). "
                 "Give at least one input a batch axis."
             )
+        mapped = [v for v, a in zip(inputs, in_axes, strict=True) if a is not None]
+        expand(model, mapped, batch_rules, "vmap")  # operators without a batch rule
         outputs = list(graph.outputs)
         out_axes = _resolve_axes(self.out_axes, outputs, "out_axes")
         opset = model.opset_imports[""]
         dim: int | ir.SymbolicDim = (
             self.axis_size if self.axis_size is not None else ir.SymbolicDim(_batch_dim_name(model))
         )
-        bx = Batcher(opset, batch_size=None, randomness=self.randomness)  # type: ignore[arg-type]
-        env: dict[ir.Value, ir.Value] = {}
-        batched: set[ir.Value] = set()
+        walk = _Walk(self.randomness)
+        env, batched = walk.env, walk.batched
+        bx = Batcher(opset, batch_size=None, randomness=self.randomness, batch_dim=dim, walker=walk)  # type: ignore[arg-type]
         entry: list[ir.Node] = []
         first_batched: tuple[ir.Value, int] | None = None
         for i, (x, axis) in enumerate(zip(inputs, in_axes, strict=True)):
@@ -177,8 +186,7 @@ class VmapPass(ir.passes.FunctionalPass):
         entry = bx.take()
         if entry:
             graph.insert_before(graph[0], entry) if len(graph) else graph.extend(entry)
-        for node in [n for n in graph if n not in entry]:
-            self._batch_node(bx, node, env, batched)
+        walk.batch_nodes(bx, [n for n in graph if n not in entry])
         used = {v.name for g in model.graphs() for n in g for v in n.outputs if v.name}
         used.update(v.name for v in graph.inputs if v.name)
         for i, (y, axis) in enumerate(zip(outputs, out_axes, strict=True)):
@@ -217,14 +225,77 @@ class VmapPass(ir.passes.FunctionalPass):
             graph.outputs[i] = new
         return ir.passes.PassResult(cleanup(model), modified=True)
 
-    def _batch_node(
-        self, bx: Batcher, node: ir.Node, env: dict[ir.Value, ir.Value], batched: set[ir.Value]
-    ) -> None:
+
+def _subgraphs(node: ir.Node) -> list[ir.Graph]:
+    graphs: list[ir.Graph] = []
+    for attr in node.attributes.values():
+        if attr.type == ir.AttributeType.GRAPH:
+            graphs.append(attr.as_graph())
+        elif attr.type == ir.AttributeType.GRAPHS:
+            graphs.extend(attr.as_graphs())
+    return graphs
+
+
+def _draws_inside(graphs: Sequence[ir.Graph]) -> bool:
+    return any(n.domain == "" and n.op_type in RANDOM_OPS for g in graphs for n in g.all_nodes())
+
+
+def _refuse_random(node: ir.Node) -> UnsupportedOperatorError:
+    return UnsupportedOperatorError(
+        f"vmap: {op_label(node)} ({node_label(node)}) draws random numbers inside the mapped "
+        "function. Choose how: vmap(..., randomness='different') for an independent sample "
+        "per example, or randomness='same' for one sample shared by all examples."
+    )
+
+
+class _Walk:
+    """The batching walk: one map from original values to replacements for all graphs.
+
+    Implements :class:`onnax.core.batching.Walker`, through which the rules of If, Loop and
+    Scan batch their subgraphs with the same map, so that a body reading a batched value of an
+    enclosing graph (implicit capture) reads its batched replacement.
+    """
+
+    def __init__(self, randomness: RandomnessPolicy) -> None:
+        self.randomness = randomness
+        self.env: dict[ir.Value, ir.Value] = {}
+        self.batched: set[ir.Value] = set()
+
+    def lookup(self, value: ir.Value) -> tuple[ir.Value, bool]:
+        new = self.env.get(value, value)
+        return new, new in self.batched
+
+    def bind(self, original: ir.Value, new: ir.Value, batched: bool) -> None:
+        self.env[original] = new
+        if batched:
+            self.batched.add(new)
+
+    def batch_nodes(self, bx: Batcher, nodes: Sequence[ir.Node]) -> None:
+        # A rule may call back here (If inlines its branches) with nodes of its own pending.
+        pending = bx.take()
+        for node in nodes:
+            self._batch_node(bx, node)
+        bx.nodes[:0] = pending
+
+    def _batch_node(self, bx: Batcher, node: ir.Node) -> None:
+        env, batched = self.env, self.batched
         args = [env.get(v, v) if v is not None else None for v in node.inputs]
         flags = [a is not None and a in batched for a in args]
         inner = subgraph_reads(node)
         captured = [v for v in inner if env.get(v, v) in batched]
-        if not any(flags) and not captured:
+        graphs = _subgraphs(node)
+        # Random draws in a body make its results differ per example ('different') or must be
+        # refused ('error'): either way the body is walked.
+        draws = bool(graphs) and self.randomness != "same" and _draws_inside(graphs)
+        random = node.domain == "" and node.op_type in RANDOM_OPS
+        if random and self.randomness == "different" and node.inputs and not any(flags):
+            # A fresh sample per example even when its parameters are shared.
+            first = node.inputs[0]
+            if first is not None and args[0] is not None:
+                args[0] = bx.materialize(args[0], False, first)
+                flags[0] = True
+                node.prepend(bx.take())
+        if not any(flags) and not captured and not draws:
             # An unbatched input may still have been replaced (a batch rule of Shape returns a
             # new, unbatched value); the original computation is deleted, so rewire to it.
             for i, (original, arg) in enumerate(zip(node.inputs, args, strict=True)):
@@ -235,24 +306,20 @@ class VmapPass(ir.passes.FunctionalPass):
                     for use in list(value.uses()):
                         if use.node.graph is not node.graph:
                             use.node.replace_input_with(use.idx, env[value])
-            if (
-                node.domain == ""
-                and node.op_type in RANDOM_OPS
-                and node.op_type in ("RandomNormal", "RandomUniform")
-            ):
-                self._random_without_input(bx, node, env, batched)
+            if random and node.op_type in ("RandomNormal", "RandomUniform"):
+                self._random_without_input(bx, node)
             return
         rule = batch_rules.lookup(node.domain, node.op_type, bx.opset)
-        if node.domain == "" and node.op_type in RANDOM_OPS and self.randomness == "error":
-            raise UnsupportedOperatorError(
-                f"vmap: {op_label(node)} ({node_label(node)}) draws random numbers inside the mapped "
-                "function. Choose how: vmap(..., randomness='different') for an independent sample "
-                "per example, or randomness='same' for one sample shared by all examples."
-            )
-        if rule is None or captured:
+        if random and self.randomness == "error":
+            raise _refuse_random(node)
+        if rule is None:
             index = next((i for i, f in enumerate(flags) if f), None)
             if index is None:
-                via = f"the value {captured[0].name!r} that a subgraph reads"
+                via = (
+                    f"the value {captured[0].name!r} that a subgraph reads"
+                    if captured
+                    else "random draws in a subgraph"
+                )
             else:
                 read = node.inputs[index]
                 name = read.name if read is not None else None
@@ -275,6 +342,9 @@ class VmapPass(ir.passes.FunctionalPass):
         emitted = bx.take()
         if emitted:
             node.append(emitted)
+        for graph in graphs:
+            # The node is dead; its bodies must not keep the unbatched values they read alive.
+            detach(graph)
         for old, new, flag in zip(node.outputs, outs, out_flags, strict=False):
             if new is None:
                 continue
@@ -282,16 +352,10 @@ class VmapPass(ir.passes.FunctionalPass):
             if flag:
                 batched.add(new)
 
-    def _random_without_input(
-        self, bx: Batcher, node: ir.Node, env: dict[ir.Value, ir.Value], batched: set[ir.Value]
-    ) -> None:
+    def _random_without_input(self, bx: Batcher, node: ir.Node) -> None:
         """RandomNormal/RandomUniform have no inputs: batched only under 'different'."""
         if self.randomness == "error":
-            raise UnsupportedOperatorError(
-                f"vmap: {op_label(node)} ({node_label(node)}) draws random numbers inside the mapped "
-                "function. Choose how: vmap(..., randomness='different') for an independent sample "
-                "per example, or randomness='same' for one sample shared by all examples."
-            )
+            raise _refuse_random(node)
         if self.randomness == "same":
             return
         out = node.outputs[0]
@@ -299,5 +363,5 @@ class VmapPass(ir.passes.FunctionalPass):
         attrs = {k: a.value for k, a in node.attributes.items() if k != "shape"}
         new = bx.op(node.op_type + "Like", [zeros], attrs)
         node.append(bx.take())
-        env[out] = new
-        batched.add(new)
+        self.env[out] = new
+        self.batched.add(new)

@@ -27,6 +27,16 @@ FAMILIES = (
     "scans",
     "losses",
     "resample",
+    "resize",
+    "gridsample",
+    "roi",
+    "spectral",
+    "im2col",
+    "quant",
+    "unique",
+    "recurrent",
+    "control_flow",
+    "control_flow_batch",
 )
 
 _collected = False

@@ -41,6 +41,7 @@ from onnax.rules._patterns import (
     register_elementwise_unary,
     register_vectorized_batch,
 )
+from onnax.rules.elementwise import note_ranks
 
 __all__: list[str] = []
 
@@ -358,6 +359,11 @@ for _op, (_versions, _coef) in _UNARY.items():
 # Every one-input operator here acts on each element alone: the batched computation is the
 # operator applied to the batched input.
 register_vectorized_batch([*_UNARY, "Relu"])
+for _op in (*_UNARY, "Relu"):
+    # Elementwise: the output keeps the input's rank, which vmap may need downstream.
+    _rule = batch_rules.lookup("", _op, 1)
+    assert _rule is not None
+    batch_rules.add(_op, note_ranks(_rule), since_version=1)
 
 
 @batch_rules.register("PRelu", since_version=7)

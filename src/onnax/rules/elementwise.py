@@ -23,7 +23,7 @@ import onnx_ir as ir
 from onnax.core.batching import Batcher
 from onnax.core.diagnostics import node_label, op_label
 from onnax.core.emit import Emitter, InternalRuleError
-from onnax.core.registry import batch_rules, jvp_rules, transpose_rules
+from onnax.core.registry import BatchRule, batch_rules, jvp_rules, transpose_rules
 from onnax.core.selection import FLOAT_TYPES
 from onnax.core.shapes import broadcast_to, same_shape, unbroadcast
 from onnax.errors import UnsupportedOperatorError
@@ -39,16 +39,47 @@ Args = Sequence[ir.Value | None]
 BatchResult = tuple[list[ir.Value | None], list[bool]]
 
 
+def note_ranks(rule: BatchRule) -> BatchRule:
+    """The batch rule, which also records the rank of the node's outputs when inference left it.
+
+    An elementwise result has the largest rank of its operands. Shape inference loses it after a
+    reduction over run-time axes (an expanded RMSNormalization computes its axes with Shape,
+    Size and Range); the reduction's batch rule writes the rank it knows down, and writing it on
+    through elementwise nodes lets the broadcasting batch rules that follow align operands.
+    """
+
+    def noted(
+        bx: Batcher, node: ir.Node, args: Args, batched: Sequence[bool]
+    ) -> tuple[Sequence[ir.Value | None], Sequence[bool]]:
+        result = rule(bx, node, args, batched)
+        shapes = [v.shape for v in node.inputs if v is not None]
+        if shapes and all(shape is not None for shape in shapes):
+            rank = max(shape.rank() for shape in shapes if shape is not None)
+            for y in node.outputs:
+                if y.shape is None:
+                    y.shape = ir.Shape([None] * rank)
+        return result
+
+    noted.__doc__ = rule.__doc__
+    return noted
+
+
 def _broadcasting_batch(op_type: str, since_versions: Sequence[int]) -> None:
     """Registers the broadcasting batch rule at every ``since_version`` of the operator."""
     for v in since_versions:
         register_broadcasting_batch([op_type], since_version=v)
+        rule = batch_rules.lookup("", op_type, v)
+        assert rule is not None
+        batch_rules.add(op_type, note_ranks(rule), since_version=v)
 
 
 def _vectorized_batch(op_type: str, since_versions: Sequence[int]) -> None:
     """Registers the vectorized (apply as is) batch rule at every ``since_version``."""
     for v in since_versions:
         register_vectorized_batch([op_type], since_version=v)
+        rule = batch_rules.lookup("", op_type, v)
+        assert rule is not None
+        batch_rules.add(op_type, note_ranks(rule), since_version=v)
 
 
 # ------------------------------------------------------------------------------- Add / Sub

@@ -32,6 +32,12 @@ no ``batch_dims``, always scatters with such tuples; GatherElements and ScatterE
 address every axis position by position, batch all operands along axis 0.
 
 The deprecated ``Scatter`` (opsets 9-10) has no rule: models older than 11 are converted first.
+
+Also here: **TensorScatter** (24), a KV-cache write, linear in ``past_cache`` and ``update``
+jointly like the scatters above (transposed: the written window is gathered back for ``update``
+with ``GatherElements``, and zeroed for ``past_cache``; vmap folds its axis into the operator's
+batch axis), and **ai.onnx.ml::ArrayFeatureExtractor**, a selection of columns of the last axis,
+whose tangent is a MatMul with a 0/1 selection matrix.
 """
 
 from __future__ import annotations
@@ -47,6 +53,7 @@ from onnax.core.diagnostics import node_label, op_label
 from onnax.core.emit import Emitter, InternalRuleError
 from onnax.core.registry import batch_rules, jvp_rules, transpose_rules
 from onnax.errors import UnsupportedOperatorError
+from onnax.rules._patterns import attributes_of
 
 Tangents = Sequence[ir.Value | None]
 
@@ -633,3 +640,173 @@ for _v in (11, 12, 13):
 for _v in (11, 13, 16, 18):
     batch_rules.add("ScatterElements", _scatter_elements_batch, since_version=_v)
     batch_rules.add("ScatterND", _scatter_nd_batch, since_version=_v)
+
+
+# ------------------------------------------------------------------ ArrayFeatureExtractor (ml)
+def _afe_selection(em: Emitter, x: ir.Value, indices: ir.Value) -> ir.Value:
+    """The ``[C, k]`` 0/1 matrix picking the columns ``indices`` of the last axis (size ``C``).
+
+    Built with Equal rather than OneHot, which onnxruntime lacks for double values.
+    """
+    assert x.dtype is not None
+    depth = em.squeeze(em.slice(em.shape(x), [-1], [2**62], [0]), [0])
+    zero, one = em.const(np.array(0, np.int64)), em.const(np.array(1, np.int64))
+    rows = em.unsqueeze(em.op("Range", [zero, depth, one]), [1])
+    flat = em.op(
+        "Cast", [em.op("Reshape", [indices, em.ints([1, -1])])], {"to": int(ir.DataType.INT64)}
+    )
+    return em.op("Cast", [em.op("Equal", [rows, flat])], {"to": int(x.dtype)})
+
+
+def _afe_jvp(
+    em: Emitter, node: ir.Node, tangents: Sequence[ir.Value | None]
+) -> list[ir.Value | None]:
+    """ai.onnx.ml::ArrayFeatureExtractor selects columns of the last axis: linear in ``X``.
+
+    The tangent is ``t @ S`` with ``S`` the ``[C, k]`` selection matrix (a MatMul with a primal
+    matrix, whose transpose onnax already has); a 1-D ``X`` gives a ``[1, k]`` result.
+    """
+    t = tangents[0]
+    if t is None:
+        return [None]
+    x, indices = node.inputs[0], node.inputs[1]
+    assert x is not None and indices is not None
+    out = em.op("MatMul", [t, _afe_selection(em, x, indices)])
+    if x.shape is not None and x.shape.rank() == 1:
+        out = em.unsqueeze(out, [0])
+    return [out]
+
+
+def _afe_batch(
+    bx: Batcher, node: ir.Node, args: Sequence[ir.Value | None], batched: Sequence[bool]
+) -> tuple[list[ir.Value | None], list[bool]]:
+    """ArrayFeatureExtractor of a batched ``X``: the last axis is still the one selected from.
+
+    A 1-D example's ``[1, k]`` result gets its leading 1 after the batch axis. Batched indices
+    are refused.
+    """
+    x, original = args[0], node.inputs[0]
+    assert x is not None and original is not None
+    if batched[1]:
+        name = node.inputs[1].name if node.inputs[1] is not None else "#1"
+        raise UnsupportedOperatorError(
+            f"vmap: {op_label(node)} at opset {bx.opset} ({node_label(node)}) gets batched "
+            f"indices (input 1 {name!r}): each example would select other columns, which one "
+            "ArrayFeatureExtractor cannot express. Remedy: give the inputs the indices are "
+            "computed from in_axes None (shared), or use GatherElements."
+        )
+    out = bx.op("ArrayFeatureExtractor", [x, args[1]], domain="ai.onnx.ml")
+    if bx.rank(original) == 1:
+        out = bx.unsqueeze(out, [1])
+    return [out], [True]
+
+
+jvp_rules.add("ArrayFeatureExtractor", _afe_jvp, domain="ai.onnx.ml", since_version=1)
+batch_rules.add("ArrayFeatureExtractor", _afe_batch, domain="ai.onnx.ml", since_version=1)
+
+
+# ---------------------------------------------------------------------------- TensorScatter
+def _tensor_scatter_axis(node: ir.Node) -> tuple[int, int]:
+    """(rank, non-negative sequence axis) of a TensorScatter node."""
+    past = node.inputs[0]
+    if past is None or past.shape is None:
+        raise UnsupportedOperatorError(
+            f"{op_label(node)} ({node_label(node)}): the rank of input 0 is unknown, and the "
+            "derivative needs it to place the sequence axis. Remedy: declare the shape (at "
+            "least the rank) of that value in the model's value_info."
+        )
+    rank = past.shape.rank()
+    axis = node.attributes.get_int("axis", -2)
+    return rank, axis + rank if axis < 0 else axis
+
+
+def _tensor_scatter_jvp(
+    em: Emitter, node: ir.Node, tangents: Sequence[ir.Value | None]
+) -> list[ir.Value | None]:
+    """TensorScatter is linear in (past_cache, update) jointly.
+
+    The tangent is the same scatter of the tangents (a zero stands in for a missing one), at
+    the same write indices.
+    """
+    t_past, t_update = tangents[0], tangents[1] if len(tangents) > 1 else None
+    if t_past is None and t_update is None:
+        return [None]
+    past, update = node.inputs[0], node.inputs[1]
+    assert past is not None and update is not None
+    inputs: list[ir.Value | None] = [
+        t_past if t_past is not None else em.zeros_like(past),
+        t_update if t_update is not None else em.zeros_like(update),
+        *node.inputs[2:],
+    ]
+    return [em.op("TensorScatter", inputs, attributes_of(node))]
+
+
+def _tensor_scatter_transpose(
+    em: Emitter, node: ir.Node, cts: Sequence[ir.Value | None], linear: Sequence[bool]
+) -> list[ir.Value | None]:
+    """Transpose of TensorScatter.
+
+    The written positions' cotangent goes to ``update`` (gathered back), the rest to
+    ``past_cache`` (the written positions zeroed: they were overwritten).
+    """
+    ct = cts[0]
+    out: list[ir.Value | None] = [None] * len(node.inputs)
+    if ct is None:
+        return out
+    past, update = node.inputs[0], node.inputs[1]
+    assert past is not None and update is not None
+    indices = node.inputs[2] if len(node.inputs) > 2 else None
+    if linear[0]:
+        zeros = em.zeros_like(update)
+        out[0] = em.op("TensorScatter", [ct, zeros, *node.inputs[2:]], attributes_of(node))
+    if linear[1]:
+        rank, axis = _tensor_scatter_axis(node)
+        up_shape = em.shape(update)
+        seq_len = em.slice(up_shape, [axis], [axis + 1], [0])
+        zero, one = em.const(np.array(0, np.int64)), em.const(np.array(1, np.int64))
+        steps = em.op("Range", [zero, em.squeeze(seq_len, [0]), one])
+        place = [1] * rank
+        place[axis] = -1
+        position = em.op("Reshape", [steps, em.ints(place)])
+        if indices is not None:
+            first = [-1] + [1] * (rank - 1)
+            position = em.op("Add", [position, em.op("Reshape", [indices, em.ints(first)])])
+        if node.attributes.get_string("mode", "linear") == "circular":
+            max_len = em.slice(em.shape(past), [axis], [axis + 1], [0])
+            position = em.op("Mod", [position, max_len])
+        position = em.op("Expand", [position, up_shape])
+        out[1] = em.op("GatherElements", [ct, position], {"axis": axis})
+    return out
+
+
+def _tensor_scatter_batch(
+    bx: Batcher, node: ir.Node, args: Sequence[ir.Value | None], batched: Sequence[bool]
+) -> tuple[list[ir.Value | None], list[bool]]:
+    """TensorScatter with the vmap axis folded into the operator's batch axis.
+
+    The operator's batch axis is axis 0, the one write_indices indexes: ``[B, b, ...] ->
+    [B * b, ...]``, write indices tiled (shared) or flattened (batched), the result unfolded.
+    """
+    past_o, update_o = node.inputs[0], node.inputs[1]
+    assert past_o is not None and update_o is not None
+    past = bx.materialize(args[0], batched[0], past_o)  # type: ignore[arg-type]
+    update = bx.materialize(args[1], batched[1], update_o)  # type: ignore[arg-type]
+    rest: list[ir.Value | None] = []
+    if len(args) > 2 and args[2] is not None:
+        indices = args[2]
+        if batched[2]:
+            rest = [bx.op("Reshape", [indices, bx.ints([-1])])]
+        else:
+            rest = [bx.op("Tile", [indices, bx.batch_size])]
+
+    def fold(v: ir.Value) -> ir.Value:
+        tail = bx.slice(bx.op("Shape", [v]), [2], [2**62], [0])
+        return bx.op("Reshape", [v, bx.op("Concat", [bx.ints([-1]), tail], {"axis": 0})])
+
+    out = bx.op("TensorScatter", [fold(past), fold(update), *rest], attributes_of(node))
+    return [bx.op("Reshape", [out, bx.op("Shape", [past])])], [True]
+
+
+jvp_rules.add("TensorScatter", _tensor_scatter_jvp, since_version=24)
+transpose_rules.add("TensorScatter", _tensor_scatter_transpose, since_version=24)
+batch_rules.add("TensorScatter", _tensor_scatter_batch, since_version=24)

@@ -37,7 +37,11 @@ Choices and limitations:
   tangent is 0.
 * **Softmax/LogSoftmax** before opset 13 normalise over the flattened block ``axis..rank-1``; the
   tangent then sums over all of those axes (``ReduceSum`` with ``keepdims=1``), which is the same
-  thing without reshaping. From 13 on they normalise along ``axis`` alone.
+  thing without reshaping. From 13 on they normalise along ``axis`` alone. A row that is
+  entirely -inf (attention with every key masked) has a NaN softmax that models discard with a
+  Where; its coefficients are read as 0 there, so the zero cotangent coming back stays 0.
+* **Empty inputs**: a reduction of a tensor with a static zero dimension is a constant (0, -inf
+  ...), and its tangent is a symbolic zero (no 0 * inf through a following Sqrt).
 
 Batch rules (vmap) apply the operator itself to the batched input (batch axis 0) with shifted
 axes:
@@ -327,9 +331,32 @@ _JVP = {
     "ReduceLogSumExp": _reduce_log_sum_exp_jvp,
 }
 
+
+def _statically_empty(value: ir.Value) -> bool:
+    """Whether ``value`` has a dimension statically known to be 0 (it holds no element)."""
+    return value.shape is not None and any(d == 0 for d in value.shape.dims if isinstance(d, int))
+
+
+def _unless_empty(rule: JvpRule) -> JvpRule:
+    """The rule, except that a reduction of an empty input has a zero tangent (symbolic).
+
+    The reduction of an empty set is a constant (0 for a sum, -inf for a max...), so its
+    tangent is exactly zero; emitting the generic formula instead would feed a zero tangent into
+    coefficients that are infinite there (Sqrt after ReduceSumSquare of nothing: 0 * inf = NaN).
+    """
+
+    def guarded(em: Emitter, node: ir.Node, tangents: Tangents) -> list[ir.Value | None]:
+        if _statically_empty(_io(node)[0]):
+            return [None]
+        return list(rule(em, node, tangents))
+
+    guarded.__doc__ = rule.__doc__
+    return guarded
+
+
 for _op, _rule in _JVP.items():
     for _v in _VERSIONS[_op]:
-        jvp_rules.add(_op, _rule, since_version=_v)
+        jvp_rules.add(_op, _unless_empty(_rule), since_version=_v)
 
 
 # ------------------------------------------------------------------------- transpose rules
@@ -442,6 +469,16 @@ def _softmax_axes(node: ir.Node, opset: int, *, flatten: bool) -> list[int]:
     return list(range(start, rank))
 
 
+def _nan_to_zero(em: Emitter, p: ir.Value, like: ir.Value) -> ir.Value:
+    """``p`` with NaN replaced by 0.
+
+    The softmax of a row that is entirely -inf (an attention row whose keys are all masked) is
+    NaN, and models then discard that row with a Where; a NaN coefficient would still turn the
+    zero cotangent the Where gives back into NaN (0 * NaN).
+    """
+    return em.op("Where", [em.op("IsNaN", [p]), em.scalar(0.0, like=like), p])
+
+
 def _softmax_jvp(flatten: bool) -> JvpRule:
     def rule(em: Emitter, node: ir.Node, tangents: Tangents) -> list[ir.Value | None]:
         """The tangent is y * (t - sum(y * t)) over the normalised axes."""
@@ -450,6 +487,7 @@ def _softmax_jvp(flatten: bool) -> JvpRule:
             return [None]
         _, y = _io(node)
         axes = _softmax_axes(node, em.opset, flatten=flatten)
+        y = _nan_to_zero(em, y, y)
         expected_t = em.reduce_sum(em.op("Mul", [t, y]), axes, keepdims=True)
         return [em.op("Mul", [em.op("Sub", [t, expected_t]), y])]
 
@@ -464,7 +502,7 @@ def _log_softmax_jvp(flatten: bool) -> JvpRule:
             return [None]
         _, y = _io(node)
         axes = _softmax_axes(node, em.opset, flatten=flatten)
-        softmax = em.op("Exp", [y])
+        softmax = _nan_to_zero(em, em.op("Exp", [y]), y)
         expected_t = em.reduce_sum(em.op("Mul", [t, softmax]), axes, keepdims=True)
         return [em.op("Sub", [t, expected_t])]
 
@@ -561,6 +599,12 @@ def _reduction_batch(
     x, op = args[0], node.op_type
     assert x is not None and batched[0]
     rank, red = _rank(node.inputs[0]), _reduction(node)
+    y = node.outputs[0]
+    if red.keepdims and rank is not None and y.shape is None:
+        # Inference cannot follow run-time axes, but kept dimensions keep the rank; the batch
+        # rules of the consumers (a broadcasting Add after an expanded RMSNormalization's
+        # ReduceMean) need the unbatched rank of this value to align their operands.
+        y.shape = ir.Shape([None] * rank)
     # The rank is unknown after a reduction over run-time axes without keepdims.
     if red.identity:
         # noop_with_empty_axes without axes: elementwise (x, x**2, |x|, log x...), batch or not.

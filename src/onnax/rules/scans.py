@@ -6,7 +6,9 @@
   upper-triangular one, i.e. the suffix sum; the exclusive variant drops the diagonal on both).
 * **CumProd** (26) has an exact tangent also where ``x`` has zeros (no ``y / x``): the
   products of the scanned elements without ``x_j`` come from a CumProd of ``n`` copies of ``x``
-  with ``x_j`` set to 1 (``n`` times the memory of ``x``). The axis must be a constant.
+  with ``x_j`` set to 1 (``n`` times the memory of ``x``). An axis known only at run time (a
+  model input, as in the ONNX node tests) is placed by comparing each element's position along
+  it (``CumSum`` of ones, exclusive) with the copy index, instead of a static reshape.
 * **Trilu** (14) masks ``x`` by a fixed triangle: it is linear and its own transpose.
 * **TopK** (10, 11, 24): the values output is a gather of ``X`` at the indices output, so its
   tangent is ``GatherElements(t, Indices, axis)``; the indices output has no tangent. Ties
@@ -252,12 +254,14 @@ def _cumprod_jvp(em: Emitter, node: ir.Node, tangents: Tangents) -> list[ir.Valu
     x = node.inputs[0]
     assert x is not None
     axes = const_ints(node.inputs[1])
-    if axes is None or len(axes) != 1 or x.shape is None:
+    if x.shape is None or (axes is not None and len(axes) != 1):
         raise UnsupportedOperatorError(
-            f"{op_label(node)} ({node_label(node)}): the derivative needs a constant axis "
-            f"(input 1 {node.inputs[1].name if node.inputs[1] else ''!r} is computed at run time) "
-            "and an input of known rank. Remedy: give the axis as an initializer or a Constant."
+            f"jvp: {op_label(node)} at opset {em.opset} ({node_label(node)}): the derivative "
+            f"needs an input of known rank (input 0 {x.name!r} has none) and one axis. Remedy: "
+            "declare the rank of that value in the model's value_info."
         )
+    if axes is None:
+        return [_cumprod_jvp_runtime_axis(em, node, x, t)]
     rank = x.shape.rank()
     a = axes[0] + rank if axes[0] < 0 else axes[0]
     n = em.slice(em.shape(x), [a], [a + 1], [0])
@@ -279,6 +283,43 @@ def _cumprod_jvp(em: Emitter, node: ir.Node, tangents: Tangents) -> list[ir.Valu
     t_j = em.reduce_sum(em.op("Mul", [one_hot, em.unsqueeze(t, [0])]), [a + 1], keepdims=True)
     terms = em.op("Mul", [coefficient, t_j])
     return [em.reduce_sum(terms, [0], keepdims=False)]
+
+
+def _cumprod_jvp_runtime_axis(em: Emitter, node: ir.Node, x: ir.Value, t: ir.Value) -> ir.Value:
+    """:func:`_cumprod_jvp` for an axis known at run time only (an input of the model).
+
+    The one-hot ``j == i`` compares the copy index ``j`` (leading axis) with each element's
+    position along the axis, which ``CumSum(ones, axis, exclusive=1)`` computes without knowing
+    where the axis is; on the copies (one leading axis more) a non-negative axis moves by one.
+    """
+    assert x.shape is not None and x.dtype is not None
+    rank = x.shape.rank()
+    axis_in = node.inputs[1]
+    assert axis_in is not None
+    axis = em.op(
+        "Cast", [em.op("Reshape", [axis_in, em.ints([1])])], {"to": int(ir.DataType.INT64)}
+    )
+    zero, one = em.const(np.array(0, np.int64)), em.const(np.array(1, np.int64))
+    negative = em.op("Less", [axis, zero])
+    normalized = em.op("Where", [negative, em.op("Add", [axis, em.ints([rank])]), axis])
+    n = em.op("Gather", [em.shape(x), normalized], {"axis": 0})
+    rows = em.unsqueeze(em.op("Range", [zero, em.squeeze(n, [0]), one]), list(range(1, rank + 1)))
+    ones = em.op("Expand", [em.scalar(1.0, like=x), em.shape(x)])
+    position = em.op("CumSum", [ones, axis], {"exclusive": 1})
+    eye = em.op("Equal", [em.op("Cast", [rows], {"to": int(x.dtype)}), em.unsqueeze(position, [0])])
+    copies = em.op("Where", [eye, em.scalar(1.0, like=x), em.unsqueeze(x, [0])])
+    axis_v = em.op("Where", [negative, axis, em.op("Add", [axis, em.ints([1])])])
+    attrs = attributes_of(node)
+    products = em.op("CumProd", [copies, axis_v], attrs)
+    one_hot = em.op("Cast", [eye], {"to": int(x.dtype)})
+    inside = em.op("CumSum", [one_hot, axis_v], attrs)
+    coefficient = em.op("Mul", [products, inside])
+    t_j = em.op(
+        "ReduceSum", [em.op("Mul", [one_hot, em.unsqueeze(t, [0])]), axis_v], {"keepdims": 1}
+    )
+    t_j.shape, t_j.dtype = ir.Shape([None] * (rank + 1)), x.dtype
+    terms = em.op("Mul", [coefficient, t_j])
+    return em.reduce_sum(terms, [0], keepdims=False)
 
 
 jvp_rules.add("CumProd", _cumprod_jvp, since_version=26)

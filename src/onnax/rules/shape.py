@@ -1055,16 +1055,22 @@ _register_batch("Tile", (6, 13), _tile_batch)
 
 # ------------------------------------------------------------------------------- Dropout
 def _dropout_jvp(em: Emitter, node: ir.Node, tangents: Tangents) -> list[ir.Value | None]:
-    # In inference Dropout copies its input; the mask is boolean and has no tangent.
+    """Inference Dropout copies its input; the mask is boolean and has no tangent.
+
+    Training mode is refused: the derivative would be that of the mask drawn in the same run,
+    and a transformed model draws its own mask (onnxruntime's draws differ between models even
+    with the same seed), so neither the primal nor its derivative is reproducible.
+    """
     training = node.inputs[2] if len(node.inputs) > 2 else None
     if training is not None:
         flag = ir.convenience.get_const_tensor(training)
         if flag is None or bool(flag.numpy().reshape(-1)[0]):
             found = "computed at run time" if flag is None else "the constant true"
             raise UnsupportedOperatorError(
-                f"no derivative rule for {op_label(node)} in training mode ({node_label(node)}): "
-                f"its training_mode input {training.name!r} is {found}, expected absent or a "
-                "constant false. Training-mode dropout draws a random mask. Remedy: export the "
+                f"jvp: no derivative rule for {op_label(node)} in training mode at opset "
+                f"{em.opset} ({node_label(node)}): its training_mode input {training.name!r} is "
+                f"{found}, expected absent or a constant false. Training-mode dropout draws a "
+                "random mask, which a transformed model cannot reproduce. Remedy: export the "
                 "model for inference (drop training_mode or make it a constant false), or feed "
                 "the mask as a model input and multiply by it explicitly."
             )
@@ -1099,9 +1105,9 @@ def _dropout_batch(bx: Batcher, node: ir.Node, args: Args, batched: Sequence[boo
         raise UnsupportedOperatorError(
             f"vmap: {op_label(node)} at opset {bx.opset} ({node_label(node)}) may draw a random "
             f"mask inside the mapped function: its training_mode input {training.name!r} is "
-            f"{found}. Choose how: vmap(..., randomness='different') for an independent mask per "
-            "example, or randomness='same' for one mask shared by all examples; or export the "
-            "model for inference (training_mode absent or a constant false)."
+            f"{found}. Remedy: choose how, vmap(..., randomness='different') for an independent "
+            "mask per example, or randomness='same' for one mask shared by all examples; or "
+            "export the model for inference (training_mode absent or a constant false)."
         )
     why = "a training-mode Dropout needs one ratio and one training flag for the whole batch"
     refuse_batched(bx, node, args, batched, {1: "ratio", 2: "training_mode"}, why)

@@ -6,6 +6,12 @@ tangent is a symbolic zero, whatever the type of their output. Registering them 
 flow *past* them (``x * Floor(x)``, ``Where(x > 0, x, 0)``) instead of stopping the transform.
 A float output of such an operator that is a graph output gets a materialised zero tangent.
 
+Also zero: BitCast (from FLOAT/DOUBLE it yields integers), QLinearMatMul and QLinearConv
+(integer results; their float inputs are scales), MelWeightMatrix (its filters sit at integer
+bins computed from the band edges), and ai.onnx.ml::Binarizer and ai.onnx.ml::TreeEnsemble
+(piecewise constant in their input); vmap applies BitCast and Binarizer elementwise and folds
+the batch into TreeEnsemble's rows.
+
 OneHot is piecewise constant in its indices and depth but linear in its ``values`` input (the
 off/on pair), so it has a real rule here.
 
@@ -415,3 +421,139 @@ for _v in (9, 13):
     batch_rules.add("NonZero", _ragged_batch, since_version=_v)
 for _v in (10, 11):
     batch_rules.add("NonMaxSuppression", _ragged_batch, since_version=_v)
+
+
+# ------------------------------------------------- integer results, piecewise-constant results
+# BitCast reinterprets bits: from FLOAT/DOUBLE (the only values carrying a derivative) it gives
+# an integer of the same width, never a FLOAT/DOUBLE. QLinearMatMul/QLinearConv produce integers.
+# Binarizer (0/1) and TreeEnsemble (leaf sums) are piecewise constant in their input. All have a
+# zero derivative (the schemas mark these inputs non-differentiable or leave them unknown).
+register_zero(["BitCast"], since_version=26)
+register_zero(["QLinearMatMul"], since_version=10)
+register_zero(["QLinearConv"], since_version=10)
+# MelWeightMatrix places its triangular filters at integer DFT bins computed from the band edges
+# (floor), so the weights are piecewise constant in lower/upper_edge_hertz (its float inputs).
+register_zero(["MelWeightMatrix"], since_version=17)
+register_vectorized_batch(["BitCast"], since_version=26)
+for _op, _v in (("Binarizer", 1), ("TreeEnsemble", 5)):
+    jvp_rules.add(
+        _op,
+        lambda em, node, tangents: [None] * len(node.outputs),
+        domain="ai.onnx.ml",
+        since_version=_v,
+    )
+
+
+def _binarizer_batch(
+    bx: Batcher, node: ir.Node, args: Args, batched: Sequence[bool]
+) -> BatchResult:
+    """Binarizer is elementwise: it applies to the batched value as it is."""
+    x = _arg(args, 0)
+    return [bx.op("Binarizer", [x], attributes_of(node), domain="ai.onnx.ml")], [True]
+
+
+def _tree_ensemble_batch(
+    bx: Batcher, node: ir.Node, args: Args, batched: Sequence[bool]
+) -> BatchResult:
+    """TreeEnsemble scores each row of ``X [N, F]`` on its own: fold the batch into the rows.
+
+    ``[B, N, F] -> [B * N, F]``, and the scores ``[B * N, T]`` unfolded to ``[B, N, T]``.
+    """
+    x = _arg(args, 0)
+    if bx.rank(_original(node, 0)) != 2:
+        raise UnsupportedOperatorError(
+            f"vmap: {op_label(node)} at opset {bx.opset} ({node_label(node)}): input 0 "
+            f"{_input_name(node, 0)!r} is not of rank 2 ([N, F]), which the operator requires. "
+            "Remedy: reshape the input to [N, F] before the node."
+        )
+    shape = bx.op("Shape", [x])
+    rows = bx.op("Concat", [bx.ints([-1]), bx.slice(shape, [2], [3], [0])], {"axis": 0})
+    scores = bx.op(
+        "TreeEnsemble", [bx.op("Reshape", [x, rows])], attributes_of(node), domain="ai.onnx.ml"
+    )
+    back = bx.op("Concat", [bx.slice(shape, [0], [2], [0]), bx.ints([-1])], {"axis": 0})
+    return [bx.op("Reshape", [scores, back])], [True]
+
+
+batch_rules.add("Binarizer", _binarizer_batch, domain="ai.onnx.ml", since_version=1)
+batch_rules.add("TreeEnsemble", _tree_ensemble_batch, domain="ai.onnx.ml", since_version=5)
+
+
+# ------------------------------------------------------- QLinearMatMul, QLinearConv, MelWeightMatrix
+def _refuse_batched_parameters(
+    bx: Batcher, node: ir.Node, batched: Sequence[bool], data: Sequence[int], why: str
+) -> None:
+    """Refuses a batched input other than the data inputs ``data`` (scales, zero points...)."""
+    for index, flag in enumerate(batched):
+        if flag and index not in data:
+            name = _input_name(node, index)
+            raise UnsupportedOperatorError(
+                f"vmap: {op_label(node)} at opset {bx.opset} ({node_label(node)}) gets a batched "
+                f"input {index} {name!r}: {why}. Remedy: give the inputs {name!r} is computed "
+                "from in_axes None (shared by every example)."
+            )
+
+
+def _qlinear_matmul_batch(
+    bx: Batcher, node: ir.Node, args: Args, batched: Sequence[bool]
+) -> BatchResult:
+    """QLinearMatMul broadcasts its leading dimensions like MatMul.
+
+    A batched operand gets size-1 axes after its batch axis so both line up. Matrices (rank >= 2)
+    and shared quantization parameters only.
+    """
+    why = "each example would have its own quantization parameters, which the operator cannot take"
+    _refuse_batched_parameters(bx, node, batched, (0, 3), why)
+    a_orig, b_orig = _original(node, 0), _original(node, 3)
+    ra, rb = bx.rank(a_orig), bx.rank(b_orig)
+    if min(ra, rb) < 2:
+        raise UnsupportedOperatorError(
+            f"vmap: {op_label(node)} at opset {bx.opset} ({node_label(node)}): a batched "
+            "1-D operand would put the batch axis into the matrix dimensions. Remedy: reshape "
+            "the vector operand to a matrix (Unsqueeze) before the node."
+        )
+    rank = max(ra, rb)
+    new = list(args)
+    for index in (0, 3):
+        if batched[index]:
+            new[index] = bx.align(_arg(args, index), True, _original(node, index), rank)
+    return [bx.op("QLinearMatMul", new)], [True]
+
+
+def _qlinear_conv_batch(
+    bx: Batcher, node: ir.Node, args: Args, batched: Sequence[bool]
+) -> BatchResult:
+    """QLinearConv of a batched input: the vmap axis is folded into the image batch axis N."""
+    why = "each example would have its own weights or quantization parameters"
+    _refuse_batched_parameters(bx, node, batched, (0,), why)
+    x = _arg(args, 0)
+    shape = bx.op("Shape", [x])
+    folded = bx.op(
+        "Reshape",
+        [x, bx.op("Concat", [bx.ints([-1]), bx.slice(shape, [2], [2**62], [0])], {"axis": 0})],
+    )
+    out = bx.op("QLinearConv", [folded, *args[1:]], attributes_of(node))
+    back = bx.op(
+        "Concat",
+        [bx.slice(shape, [0], [2], [0]), bx.slice(bx.op("Shape", [out]), [1], [2**62], [0])],
+        {"axis": 0},
+    )
+    return [bx.op("Reshape", [out, back])], [True]
+
+
+def _mel_weight_matrix_batch(
+    bx: Batcher, node: ir.Node, args: Args, batched: Sequence[bool]
+) -> BatchResult:
+    """Refused: its scalar inputs each set the whole matrix, and no operator builds several."""
+    why = (
+        "its scalar inputs set the whole weight matrix, and MelWeightMatrix builds one matrix "
+        "per call (a batch would need one call per example)"
+    )
+    _refuse_batched_parameters(bx, node, batched, (), why)
+    raise InternalRuleError("MelWeightMatrix batch rule called without a batched input")
+
+
+for _v in (10, 21):
+    batch_rules.add("QLinearMatMul", _qlinear_matmul_batch, since_version=_v)
+batch_rules.add("QLinearConv", _qlinear_conv_batch, since_version=10)
+batch_rules.add("MelWeightMatrix", _mel_weight_matrix_batch, since_version=17)
