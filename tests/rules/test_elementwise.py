@@ -1,6 +1,4 @@
-import contextlib
-import re
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 
 import numpy as np
 import onnx_ir as ir
@@ -9,7 +7,6 @@ import pytest
 import onnax
 from cases import Case, case_id, parametrize, positive, run_case, run_vmap_case, unit, vmap_axes
 from onnax.errors import UnsupportedOperatorError
-from onnax.rules.zero import ZERO_SINCE
 from oracles import check_adjoint, check_jvp, check_model_valid, check_vjp, check_vmap, run
 
 
@@ -400,35 +397,21 @@ def test_cast_to_low_precision_off_the_selected_path_is_fine() -> None:
 # skips until that family has its rules.
 ELEMENTWISE_OPS = ("Add", "Sub", "Mul", "Div", "Pow", "Sum", "Mean", "Max", "Min", "Mod")
 ELEMENTWISE_OPS += ("Where", "Neg", "Identity", "Cast", "CastLike", "Clip")
-OWN_OPS = frozenset((*ELEMENTWISE_OPS, *ZERO_SINCE, "OneHot"))
-
-
-@contextlib.contextmanager
-def skip_missing_rules() -> Iterator[None]:
-    """Skips while another family's operator lacks its batch rule; a missing own rule fails."""
-    try:
-        yield
-    except UnsupportedOperatorError as err:
-        found = re.search(r"no batch rule for ai\.onnx::(\w+)", str(err))
-        if not found or found.group(1) in OWN_OPS:
-            raise
-        pytest.skip(f"no batch rule yet for {found.group(1)} (another family's module): {err}")
 
 
 def vmap_case(case: Case, dtype: str, opset: int, shared: Sequence[str] = ()) -> None:
     """``run_vmap_case``, with the inputs named in ``shared`` kept unbatched in every variant
     (those an operator cannot take batched, such as OneHot's depth)."""
-    with skip_missing_rules():
-        if not shared:
-            run_vmap_case(case, dtype, opset)
-            return
-        model = case.model(dtype, opset)
-        feeds = case.feeds(model)
-        names = [v.name for v in model.graph.inputs if v.name not in model.graph.initializers]
-        for axes in vmap_axes(model).values():
-            in_axes = {n: None if n in shared else a for n, a in zip(names, axes, strict=True)}
-            check_vmap(model, feeds, in_axes=in_axes, out_axes=0)
-        check_vmap(model, feeds, in_axes={n: 0 for n in names if n not in shared}, out_axes=-1)
+    if not shared:
+        run_vmap_case(case, dtype, opset)
+        return
+    model = case.model(dtype, opset)
+    feeds = case.feeds(model)
+    names = [v.name for v in model.graph.inputs if v.name not in model.graph.initializers]
+    for axes in vmap_axes(model).values():
+        in_axes = {n: None if n in shared else a for n, a in zip(names, axes, strict=True)}
+        check_vmap(model, feeds, in_axes=in_axes, out_axes=0)
+    check_vmap(model, feeds, in_axes={n: 0 for n in names if n not in shared}, out_axes=-1)
 
 
 def check_vmap_examples(
@@ -482,13 +465,12 @@ def vmap_derivatives(case: Case, dtype: str, opset: int) -> None:
     columns of the Jacobian) or only the cotangents (its rows) batched."""
     model = case.model(dtype, opset)
     feeds = case.feeds(model)
-    with skip_missing_rules():
-        for transform, prefix in ((onnax.jvp, "fwd_"), (onnax.vjp, "adj_")):
-            derived = transform(model, case.inputs)
-            dfeeds = derivative_feeds(model, derived, feeds)
-            check_vmap(derived, dfeeds, in_axes=0)
-            seeds = {v.name: 0 for v in derived.graph.inputs if v.name.startswith(prefix)}
-            check_vmap(derived, dfeeds, in_axes=seeds)
+    for transform, prefix in ((onnax.jvp, "fwd_"), (onnax.vjp, "adj_")):
+        derived = transform(model, case.inputs)
+        dfeeds = derivative_feeds(model, derived, feeds)
+        check_vmap(derived, dfeeds, in_axes=0)
+        seeds = {v.name: 0 for v in derived.graph.inputs if v.name.startswith(prefix)}
+        check_vmap(derived, dfeeds, in_axes=seeds)
 
 
 @pytest.mark.parametrize(("case", "dtype", "opset"), parametrize(CASES), ids=case_id)

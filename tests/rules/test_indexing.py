@@ -399,7 +399,6 @@ def test_unknown_scatter_reduction_is_refused() -> None:
 # ------------------------------------------------------------------------------------ vmap
 # Batch rules of these families: a missing rule for any other operator (met in the derivative
 # models below) skips, one for these fails.
-OWN_OPS = {"Gather", "GatherElements", "GatherND", "ScatterElements", "ScatterND"}
 
 
 def vmap_params(cases: list[Case]) -> list[tuple[Case, str, int]]:
@@ -447,36 +446,18 @@ def check_vmap_examples(
         np.testing.assert_allclose(got[y.name], want, rtol=tol, atol=tol, err_msg=y.name)
 
 
-def vmap_or_skip(
+def check_vmap_variants(
     model: ir.Model,
     feeds: dict[str, np.ndarray],
     *variants: object,
-    own: frozenset[str] | set[str] = OWN_OPS,
 ) -> None:
-    """``check_vmap`` for each in_axes variant; skipped at the end while another family's
-    operator still lacks its batch rule (a missing rule for one of ``own`` fails)."""
-    missing = []
+    """``check_vmap`` for each in_axes variant."""
     for in_axes in variants:
-        try:
-            check_vmap(model, feeds, in_axes=in_axes)
-        except UnsupportedOperatorError as err:
-            found = re.search(r"no batch rule for ai\.onnx::(\w+)", str(err))
-            if not found or found.group(1) in own:
-                raise
-            missing.append(found.group(1))
-    if missing:
-        pytest.skip(f"no batch rule yet for {sorted(set(missing))} (other families)")
-
-
-# Its model multiplies the gathered scalar by a vector, which needs Mul's batch rule.
-VMAP_NEEDS_OTHERS = {"gather_rank1_scalar_index"}
+        check_vmap(model, feeds, in_axes=in_axes)
 
 
 @pytest.mark.parametrize(("case", "dtype", "opset"), vmap_params(CASES), ids=case_id)
 def test_vmap(case: Case, dtype: str, opset: int) -> None:
-    if case.name in VMAP_NEEDS_OTHERS:
-        model = case.model(dtype, opset)
-        vmap_or_skip(model, case.feeds(model), 0)
     run_vmap_case(case, dtype, opset)
 
 
@@ -690,7 +671,7 @@ def test_vmap_of_derivatives(name: str, opset: int, mode: str) -> None:
     feeds = case.feeds(derived)
     n_primal = len(model.graph.inputs)
     n_inputs = len(derived.graph.inputs)
-    vmap_or_skip(derived, feeds, 0, [None] * n_primal + [0] * (n_inputs - n_primal))
+    check_vmap_variants(derived, feeds, 0, [None] * n_primal + [0] * (n_inputs - n_primal))
 
 
 def vmapped_feeds(

@@ -19,7 +19,7 @@ import pytest
 import onnax
 from cases import Case, case_id, parametrize, run_case, run_vmap_case
 from oracles import check_adjoint, check_jvp, check_vjp, check_vmap
-from rules.test_indexing import check_vmap_examples, vmap_or_skip, vmap_params, vmapped_feeds
+from rules.test_indexing import check_vmap_examples, check_vmap_variants, vmap_params, vmapped_feeds
 
 MATMUL_OPSETS = (11, 13, 18, 21)
 EINSUM_OPSETS = (13, 18, 21)
@@ -309,7 +309,6 @@ def test_einsum_identity_is_computed_from_shapes() -> None:
 
 
 # ------------------------------------------------------------------------------------ vmap
-OWN_OPS = {"MatMul", "Gemm", "Einsum"}
 
 # Their models multiply a scalar result by a vector, which needs Mul's batch rule.
 VMAP_NEEDS_OTHERS = {"mm_1d_1d", "ein_trace", "ein_trace_explicit", "ein_sum"}
@@ -323,7 +322,7 @@ def _has_scalar_input(model: ir.Model) -> bool:
 def test_vmap(case: Case, dtype: str, opset: int) -> None:
     model = case.model(dtype, opset)
     if case.name in VMAP_NEEDS_OTHERS:
-        vmap_or_skip(model, case.feeds(model), 0, own=OWN_OPS)
+        check_vmap_variants(model, case.feeds(model), 0)
     if _has_scalar_input(model):
         # oracles.check_vmap perturbs a batched rank-0 input into a numpy scalar, which
         # onnxruntime refuses as a feed; explicit examples cover these cases instead.
@@ -454,7 +453,7 @@ def test_vmap_of_derivatives(name: str, opset: int, mode: str) -> None:
     feeds = case.feeds(derived)
     n_primal, n_inputs = len(model.graph.inputs), len(derived.graph.inputs)
     axes = [None] * n_primal + [0] * (n_inputs - n_primal)
-    vmap_or_skip(derived, feeds, 0, axes, own=OWN_OPS)
+    check_vmap_variants(derived, feeds, 0, axes)
 
 
 # Derivatives of vmapped models: the operators the batch rules emit must have rules (closure).

@@ -547,18 +547,6 @@ DERIVATIVES = [
 ]
 
 
-def _skip_missing_batch_rule(err: UnsupportedOperatorError) -> None:
-    """Skips when another module's batch rule is missing; this module's own must exist."""
-    message = str(err)
-    prefix = "no batch rule for ai.onnx::"
-    if prefix not in message:
-        raise err
-    op = message.split(prefix, 1)[1].split(" ", 1)[0]
-    if op in (*REDUCTIONS, "Softmax", "LogSoftmax"):
-        raise err
-    pytest.skip(f"no batch rule for {op} yet (another module): {message[:160]}")
-
-
 @pytest.mark.parametrize("mode", ["jvp", "vjp"])
 @pytest.mark.parametrize(("name", "opset"), DERIVATIVES, ids=[f"{n}-{o}" for n, o in DERIVATIVES])
 def test_vmap_of_derivatives(name: str, opset: int, mode: str) -> None:
@@ -572,11 +560,6 @@ def test_vmap_of_derivatives(name: str, opset: int, mode: str) -> None:
         shape = [d if isinstance(d, int) else 3 for d in v.shape.dims]
         feeds[v.name] = rng.standard_normal(shape)
     shared_axes = {v.name: None for v in derived.graph.inputs if v.dtype == ir.DataType.INT64}
-    try:
-        # Everything batched but run-time axes; then only the tangents/seeds.
-        check_vmap(
-            derived, feeds, in_axes={**{v.name: 0 for v in derived.graph.inputs}, **shared_axes}
-        )
-        check_vmap(derived, feeds, in_axes={v.name: -1 for v in extra})
-    except UnsupportedOperatorError as err:
-        _skip_missing_batch_rule(err)
+    # Everything batched but run-time axes; then only the tangents/seeds.
+    check_vmap(derived, feeds, in_axes={**{v.name: 0 for v in derived.graph.inputs}, **shared_axes})
+    check_vmap(derived, feeds, in_axes={v.name: -1 for v in extra})
