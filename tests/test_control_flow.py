@@ -16,13 +16,14 @@ from __future__ import annotations
 import re
 
 import numpy as np
+import onnx
 import onnx_ir as ir
 import pytest
 
 import onnax
 from cases import Case
 from onnax.errors import UnsupportedOperatorError
-from oracles import check_jvp, check_vjp, fd_jvp, run, tolerances
+from oracles import check_jvp, check_vjp, check_vmap, fd_jvp, run, tolerances
 from rules.test_control_flow import (
     CASES,
     LOOP_ADD_TEXT,
@@ -241,6 +242,44 @@ def test_constant_condition_if_is_inlined(text: str) -> None:
     feeds = case.feeds(model)
     for derived in (check_jvp(model, feeds), check_vjp(model, feeds)):
         assert all(n.op_type not in ("If", "RandomNormalLike") for g in derived.graphs() for n in g)
+
+
+SHAPE_IF_TEXT = """
+g ({T}[2,3] X, int64[2] S) => ({T}[2,3] Y) {
+    two = Constant <value_int = 2> ()
+    n = Size(S)
+    c = Equal(n, two)
+    W, V = If (c) <
+        then_branch = g1 () => (int64[1] w, {T}[2,3] v) {
+            w0, w = Split <num_outputs = 2> (S)
+            v = Sin(X)
+        },
+        else_branch = g2 () => (int64[2] w2, {T}[2,3] v2) {
+            w2 = Identity(S)
+            v2 = Softplus(X)
+        }
+    >
+    zero = Constant <value_int = 0> ()
+    one = Constant <value_int = 1> ()
+    r = Range(zero, W, one)
+    rf = CastLike(r, X)
+    Y = Mul(V, rf)
+}
+"""
+
+
+def test_if_on_a_static_shape_is_inlined() -> None:
+    """An If on ``Size(S) == 2`` with ``S`` of static shape ``[2]`` (as AffineGrid's body writes
+    it) is decided before any transform: the Range it feeds with a ``[1]`` piece gets a scalar
+    (onnxruntime refuses the inlined model otherwise), and the untaken branch, which reads X,
+    keeps no primal node alive in the vmap model (it read the replaced input: invalid model)."""
+    case = Case("shape_if", SHAPE_IF_TEXT, fixed={"S": np.array([2, 3])})
+    model = case.model("double", 18)
+    feeds = case.feeds(model)
+    derived = [check_jvp(model, feeds), check_vjp(model, feeds)]
+    derived.append(check_vmap(model, feeds, in_axes={"X": 0, "S": None}))
+    for d in derived:
+        assert all(n.op_type not in ("If", "Softplus") for g in d.graphs() for n in g)
 
 
 GROWING_TEXT = """
@@ -492,3 +531,112 @@ def test_vmap_of_second_order_through_data_dependent_loop(transform: object) -> 
         one = run(derived, {**base, **extra, "X": x})
         for name, value in one.items():
             np.testing.assert_allclose(got[name][b], value, rtol=1e-10, atol=1e-10, err_msg=name)
+
+
+def _scan8_model(batch: int, lengths: bool = False) -> onnx.ModelProto:
+    """An opset-8 running sum: Scan-8 with a batch axis in front of state and sequence."""
+    from onnx import TensorProto
+    from onnx import helper as h
+
+    body = h.make_graph(
+        [h.make_node("Add", ["s", "x"], ["s2"]), h.make_node("Identity", ["s2"], ["o"])],
+        "body",
+        [h.make_tensor_value_info(n, TensorProto.FLOAT, [2]) for n in ("s", "x")],
+        [h.make_tensor_value_info(n, TensorProto.FLOAT, [2]) for n in ("s2", "o")],
+    )
+    inputs = [
+        h.make_tensor_value_info("init", TensorProto.FLOAT, [batch, 2]),
+        h.make_tensor_value_info("xs", TensorProto.FLOAT, [batch, 3, 2]),
+    ]
+    if lengths:
+        inputs.append(h.make_tensor_value_info("lens", TensorProto.INT32, [batch]))
+    scan = h.make_node(
+        "Scan", ["lens" if lengths else "", "init", "xs"], ["y", "z"], body=body, num_scan_inputs=1
+    )
+    graph = h.make_graph(
+        [scan],
+        "g",
+        inputs,
+        [
+            h.make_tensor_value_info("y", TensorProto.FLOAT, [batch, 2]),
+            h.make_tensor_value_info("z", TensorProto.FLOAT, [batch, 3, 2]),
+        ],
+    )
+    return h.make_model(graph, opset_imports=[h.make_opsetid("", 8)], ir_version=7)
+
+
+def test_scan8_batch_axis_survives_the_version_converter() -> None:
+    """onnx's Scan 8 -> 9 adapter strips the batch axis from the graph's declarations; the
+    repair keeps them and squeezes the (single-example) batch around the Scan instead."""
+    from onnx import version_converter
+
+    from onnax.passes.scan8 import unbatch_scan8
+
+    before = _scan8_model(1)
+    after = version_converter.convert_version(before, 17)
+    assert [d.dim_value for d in after.graph.input[1].type.tensor_type.shape.dim] == [3, 2]
+    unbatch_scan8(before, after)
+    onnx.checker.check_model(after, full_check=True)
+    rng = np.random.default_rng(0)
+    feeds = {
+        "init": rng.standard_normal((1, 2)).astype(np.float32),
+        "xs": rng.standard_normal((1, 3, 2)).astype(np.float32),
+    }
+    want = [ort_run(before, feeds)[k] for k in ("y", "z")]
+    got = [ort_run(after, feeds)[k] for k in ("y", "z")]
+    for w, g in zip(want, got, strict=True):
+        np.testing.assert_array_equal(g, w)
+    for bad, part in (
+        (_scan8_model(2), "batch axis of 'init' is 2"),
+        (_scan8_model(1, True), "sequence_lens"),
+    ):
+        converted = (
+            version_converter.convert_version(bad, 17) if "lens" not in part else onnx.ModelProto()
+        )
+        with pytest.raises(ValueError, match="Remedy") as err:
+            unbatch_scan8(bad, converted)
+        assert part in str(err.value) and "Scan node" in str(err.value)
+
+
+def ort_run(model: onnx.ModelProto, feeds: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+    import onnxruntime as ort
+
+    sess = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"])
+    return dict(zip([o.name for o in sess.get_outputs()], sess.run(None, feeds), strict=True))
+
+
+def test_scan8_model_is_differentiated_after_conversion() -> None:
+    """prepare repairs the converted Scan-8 (batch of one), so jvp and vjp agree with finite
+    differences of the original opset-8 model."""
+    model = ir.from_proto(_scan8_model(1))
+    rng = np.random.default_rng(1)
+    feeds = {
+        "init": rng.standard_normal((1, 2)).astype(np.float32),
+        "xs": rng.standard_normal((1, 3, 2)).astype(np.float32),
+    }
+    check_jvp(model, feeds)
+    check_vjp(model, feeds)
+    with pytest.raises(onnax.errors.InvalidModelError, match="batch axis of 'init' is 2"):
+        onnax.jvp(ir.from_proto(_scan8_model(2)))
+
+
+CAPTURED_OUTPUT_TEXT = """
+g ({T}[3] X, bool c) => ({T}[3] Y) {
+    S = Sin (X)
+    Y = If (c) <
+        then_branch = t () => ({T}[3] S) {},
+        else_branch = e () => ({T}[3] Z) { Z = Cos (X) }
+    >
+}
+"""
+
+
+def test_branch_returning_a_captured_value_gets_the_checker_message() -> None:
+    """A branch whose output *is* an outer value is invalid ONNX; onnx_ir's cloner raises a bare
+    RuntimeError on it, so prepare copies such a model through its serialised form and the user
+    gets the checker's diagnosis instead."""
+    model = Case("captured_output", CAPTURED_OUTPUT_TEXT).model("double", 16)
+    with pytest.raises(onnax.errors.InvalidModelError) as err:
+        onnax.jvp(model, ["X"])
+    assert "Graph output 'S' is not an output of any node" in str(err.value)
+    assert "onnx.checker" in str(err.value)

@@ -451,3 +451,65 @@ def test_summary_counts_the_scope_only() -> None:
     assert lines["jvp"][1:] == ["1", "1", "0", "0", "50.0%"], lines
     assert lines["vjp"][1:] == ["2", "0", "0", "0", "100.0%"], lines
     assert "ai.onnx::Cast: 1" in text
+
+
+def test_tie_labels_group_equal_values_and_equal_slices() -> None:
+    x = np.array([2.0, 1.0, 2.0, 3.0, 1.0])
+    labels = driver.tie_labels(x, None)
+    assert labels[0] == labels[2] and labels[1] == labels[4]
+    assert len(set(labels.tolist())) == 3
+    rows = np.array([[1.0, 0.0], [1.0, 0.0], [2.0, 0.0]])
+    by_row = driver.tie_labels(rows, 0)
+    # Equal rows share labels position by position; positions within a row never do.
+    assert (by_row[0] == by_row[1]).all() and by_row[0, 0] != by_row[0, 1]
+    assert len(np.unique(by_row)) == 4
+    np.testing.assert_array_equal(driver.tie_labels(rows.T, -1), by_row.T)
+
+
+@pytest.mark.parametrize(
+    "name", ["test_unique_sorted_with_axis", "test_unique_sorted_without_axis"]
+)
+def test_unique_is_checked_along_tie_preserving_directions(
+    name: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # The corpus inputs hold ties: random steps change Unique's output size. Steps constant on
+    # tie groups keep it, so the check passes, and still catches a rule that is 1 % off.
+    from onnax.core.registry import jvp_rules
+    from onnax.rules import collect
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        (case,) = [c for c in driver.collect_cases(name) if c.name == name]
+        result = check_case(case, transforms=("jvp", "vjp"))
+        assert result["jvp"][0] == result["vjp"][0] == "pass", result
+        collect()
+        key = ("", "Unique")
+        monkeypatch.setitem(
+            jvp_rules._rules, key, [(v, _scaled(r, 1.01)) for v, r in jvp_rules._rules[key]]
+        )
+        wrong = check_case(case, transforms=("jvp", "vjp"))
+    assert wrong["jvp"][0] == wrong["vjp"][0] == "failed", wrong
+
+
+def test_antialiased_scales_are_checked_off_the_kink() -> None:
+    name = "test_resize_downsample_scales_linear_antialias"
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        (case,) = [c for c in driver.collect_cases(name) if c.name == name]
+        x, scales = (np.asarray(a) for a in case.data_sets[0][0])
+        sess = driver._session(case.model)
+
+        def one_sided(s: np.ndarray, h: float) -> np.ndarray:
+            step = np.array([0, 0, h, 0], np.float32)
+            at = driver._run(sess, {"X": x, "scales": s})["Y"].astype(np.float64)
+            moved = driver._run(sess, {"X": x, "scales": s + step})["Y"].astype(np.float64)
+            return (moved - at) / h
+
+        # At the data the scale derivative has a kink (one-sided slopes differ by far more
+        # than float32 noise and curvature); 0.5 % higher it has none.
+        assert np.abs(one_sided(scales, 1e-3) - one_sided(scales, -1e-3)).max() > 1.0
+        off = driver._off_antialias_kink({"scales": scales}, ["scales"])["scales"]
+        np.testing.assert_allclose(one_sided(off, 1e-3), one_sided(off, -1e-3), atol=0.2)
+        result = check_case(case, transforms=("jvp", "vjp"))
+    assert result["jvp"][0] == result["vjp"][0] == "pass", result
+    assert "off the antialiasing kink" in result["jvp"][1], result

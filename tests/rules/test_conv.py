@@ -119,6 +119,33 @@ CONV = [
     ),
     # The kernel's spatial size is only known at run time.
     _conv("conv1d_symbolic_kernel", "N, 2, 6", "3, 2, K", "N, 3, ?", "strides=[2]", dims={"K": 3}),
+    # Unit strides: the data gradient is a Conv with the flipped weight (asymmetric pads,
+    # dilation and groups all change the flipped pads or the weight's layout).
+    _conv(
+        "conv2d_stride1_groups_dilation_asym_pads",
+        "N, 4, 7, 6",
+        "6, 2, 3, 2",
+        "N, 6, 6, 6",
+        "group=2, dilations=[2, 1], pads=[1, 0, 2, 1]",
+        bias="6",
+        opsets=(11, 22),
+    ),
+    _conv(
+        "conv3d_stride1_groups",
+        "N, 2, 4, 3, 5",
+        "4, 1, 2, 3, 3",
+        "N, 4, 4, 3, 3",
+        "group=2, dilations=[1, 1, 2], pads=[1, 1, 0, 0, 1, 2]",
+        opsets=(18,),
+    ),
+    _conv("conv1d_stride1_same_upper", "N, 2, 6", "3, 2, 4", "N, 3, 6", 'auto_pad="SAME_UPPER"'),
+    _conv("conv2d_stride1_valid", "N, 2, 5, 4", "2, 2, 2, 2", "N, 2, 4, 3", 'auto_pad="VALID"'),
+    _conv("conv2d_1x1", "N, 4, 3, 3", "2, 4, 1, 1", "N, 2, 3, 3", bias="2"),
+    _conv(
+        "conv2d_1x3_groups", "N, 4, 3, 4", "6, 2, 1, 3", "N, 6, 3, 4", "group=2, pads=[0, 1, 0, 1]"
+    ),
+    # Pads beyond the kernel's reach (the flipped pads would be negative): ConvTranspose.
+    _conv("conv1d_stride1_wide_pads", "N, 2, 5", "3, 2, 2", "N, 3, 7", "pads=[2, 1]"),
     _conv("conv_only_w", "N, 2, 5", "3, 2, 2", "N, 3, 4", bias="3", inputs=["W"]),
     _conv("conv_only_b", "N, 2, 5", "3, 2, 2", "N, 3, 4", bias="3", inputs=["B"]),
     _conv("conv_x_and_b", "N, 2, 5", "3, 2, 2", "N, 3, 4", bias="3", inputs=["X", "B"]),
@@ -226,7 +253,15 @@ def test_vmap(case: Case, dtype: str, opset: int) -> None:
     run_vmap_case(case, dtype, opset)
 
 
-@pytest.mark.parametrize("name", ["conv2d_groups", "convT2d_groups", "conv1d_uncovered_tail"])
+@pytest.mark.parametrize(
+    "name",
+    [
+        "conv2d_groups",
+        "convT2d_groups",
+        "conv1d_uncovered_tail",
+        "conv2d_stride1_groups_dilation_asym_pads",
+    ],
+)
 def test_second_order(name: str) -> None:
     """The vjp model (ConvTranspose, weight-gradient Convs with the cotangent as the kernel) is
     itself differentiated in both modes: the rules close over what they emit."""
@@ -238,7 +273,10 @@ def test_second_order(name: str) -> None:
     check_adjoint(vm, feeds)
 
 
-@pytest.mark.parametrize(("name", "mode"), [("conv2d_groups", "jvp"), ("convT2d_groups", "vjp")])
+@pytest.mark.parametrize(
+    ("name", "mode"),
+    [("conv2d_groups", "jvp"), ("convT2d_groups", "vjp"), ("conv2d_groups", "vjp")],
+)
 def test_vmap_of_derivatives(name: str, mode: str) -> None:
     """Batched tangents/seeds with shared primals (how jacfwd/jacrev batch the derivatives)."""
     case = next(c for c in CASES if c.name == name)
@@ -288,6 +326,28 @@ def test_vmap_batched_weight_needs_a_static_kernel() -> None:
     message = str(info.value)
     for fact in ("ai.onnx::Conv", "'Y'", "'W'", "kernel_shape", "in_axes None"):
         assert fact in message, (fact, message)
+
+
+@pytest.mark.parametrize(
+    ("name", "convolution_transpose"),
+    [
+        ("conv2d_stride1_groups_dilation_asym_pads", False),
+        ("conv3d_stride1_groups", False),
+        ("conv1d_stride1_same_upper", False),
+        ("conv2d_1x1", False),
+        ("conv2d_strides_pads", True),
+        ("conv1d_stride1_wide_pads", True),
+        ("conv2d_symbolic_same_upper", True),
+    ],
+)
+def test_data_gradient_operator(name: str, convolution_transpose: bool) -> None:
+    """Unit strides with static pads within the kernel's reach take the flipped-weight Conv
+    (faster in onnxruntime); strides, run-time sizes and wide pads keep the ConvTranspose."""
+    case = next(c for c in CASES if c.name == name)
+    vm = onnax.vjp(case.model("float", case.opsets[-1]), ["X"])
+    ops = [node.op_type for node in vm.graph]
+    assert ("ConvTranspose" in ops) == convolution_transpose, ops
+    assert ops.count("Conv") == 1 + (not convolution_transpose), ops
 
 
 def test_symbolic_batch_dimension_survives() -> None:

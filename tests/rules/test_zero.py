@@ -13,7 +13,6 @@ from onnax.rules.zero import BROADCASTING_BATCH, VECTORIZED_BATCH, ZERO_SINCE
 from oracles import check_adjoint, check_jvp, check_model_valid, check_vjp, check_vmap, run
 from rules.test_elementwise import (
     check_vmap_examples,
-    skip_missing_rules,
     vmap_case,
     vmap_derivatives,
 )
@@ -315,9 +314,8 @@ def test_reshape_driven_by_shape_and_size_arithmetic(opset: int) -> None:
         }""",
     )
     x = np.random.default_rng(0).standard_normal((4, 6)).astype(np.float32)
-    with skip_missing_rules():
-        for in_axes in (0, 1):
-            check_vmap(model, {"X": x}, in_axes=in_axes)
+    for in_axes in (0, 1):
+        check_vmap(model, {"X": x}, in_axes=in_axes)
 
 
 @pytest.mark.parametrize(
@@ -377,6 +375,10 @@ QUANT_X = (np.random.default_rng(3).integers(-20, 20, (4, 6)) * 0.5).astype(np.f
         (21, "float S, uint8 Z", "", {"S": 0.5, "Z": 128}, {"S": 0, "Z": 0}),
         (21, "float S, int8 Z", "<axis = 1>", {"S": 0.5, "Z": -3}, {"X": 1, "Z": 0}),
         (19, "float S", "", {"S": 0.5}, {"S": 0}),
+        # Before opset 13 (no per-axis form): the definition written out, exact as onnxruntime.
+        (11, "float S, uint8 Z", "", {"S": 0.5, "Z": 128}, {"X": 0, "S": 0}),
+        (12, "float S, int8 Z", "", {"S": 0.5, "Z": -3}, {"S": 0, "Z": 0}),
+        (11, "float S", "", {"S": 0.5}, {"X": 1, "S": 0}),
     ],
 )
 def test_quantize_linear(
@@ -406,6 +408,29 @@ def test_quantize_linear(
         for ex in examples
     ]
     check_vmap_examples(model, examples, in_axes)
+
+
+@pytest.mark.parametrize(("opset", "zp_type"), [(11, "uint8"), (12, "int8")])
+def test_quantize_linear_written_out_rounds_and_saturates_like_onnxruntime(
+    opset: int, zp_type: str
+) -> None:
+    # Exact halves (round half to even: -1.5 -> -2, 0.5 -> 0, 2.5 -> 2) and values past the
+    # integer range on both sides, with a scale and zero point per example.
+    model = model_at(
+        opset,
+        f"g (float[8] X, float S, {zp_type} Z) => (Y) {{ Y = QuantizeLinear (X, S, Z) }}",
+    )
+    x = np.array([-3.0, -1.0, 1.0, 3.0, 5.0, 700.0, -700.0, 0.0], np.float32)
+    zp = np.dtype(zp_type)
+    examples = [
+        {"X": x * m, "S": np.array(s, np.float32), "Z": np.array(z, zp)}
+        for m, s, z in (
+            (1.0, 2.0, 3),
+            (0.5, 1.0, 0),
+            (2.0, 4.0, 100 if zp_type == "uint8" else -100),
+        )
+    ]
+    check_vmap_examples(model, examples, {"X": 0, "S": 0, "Z": 0})
 
 
 @pytest.mark.parametrize(
@@ -570,7 +595,6 @@ def test_vmap_refuses_batched_onehot_depth(in_axes: dict[str, int]) -> None:
             {"S": 0},
             "per-axis or blocked",
         ),
-        (11, "float S, uint8 Z", "", {"S": 0}, "before opset 13"),
     ],
 )
 def test_vmap_refuses_batched_quantization_parameters(
@@ -599,9 +623,8 @@ def test_shape_of_unknown_rank(opset: int, attrs: str) -> None:
         f"g (float[6] X, int64[K] T) => (int64[M] S) {{ r = Reshape(X, T)\n S = Shape {attrs} (r) }}",
     )
     x = np.arange(6, dtype=np.float32)
-    with skip_missing_rules():
-        check_vmap(model, {"X": x, "T": np.array([2, 3])}, in_axes={"X": 0})
-        check_vmap(model, {"X": x, "T": np.array([3, 1, 2])}, in_axes={"X": 0})
+    check_vmap(model, {"X": x, "T": np.array([2, 3])}, in_axes={"X": 0})
+    check_vmap(model, {"X": x, "T": np.array([3, 1, 2])}, in_axes={"X": 0})
 
 
 def test_derivatives_of_vmapped_onehot_with_batched_values() -> None:

@@ -22,6 +22,7 @@ from onnx_shape_inference import infer_symbolic_shapes
 from onnax.core.opsets import DEFAULT_OPSET, MAX_OPSET, MIN_OPSET
 from onnax.errors import InvalidModelError
 from onnax.passes.inline_if import simplify_control_flow
+from onnax.passes.scan8 import unbatch_scan8
 
 __all__ = ["MIN_OPSET", "infer_shapes", "prepare"]
 
@@ -202,6 +203,10 @@ def _upgrade(
             f"Replace that operator or convert the model to opset {MIN_OPSET} or newer before "
             "transforming it."
         ) from err
+    try:
+        unbatch_scan8(proto, converted)
+    except ValueError as err:
+        raise InvalidModelError(f"{transform}: {err}") from err
     result = ir.from_proto(converted)
     _restore_weights(model, result, appended)
     _keep_resize_semantics(result)
@@ -229,6 +234,19 @@ def _keep_resize_semantics(model: ir.Model) -> None:
             node.attributes["nearest_mode"] = ir.AttrString("nearest_mode", "floor")
 
 
+def _clone(model: ir.Model) -> ir.Model:
+    """A structural copy sharing the weight tensors.
+
+    onnx_ir's cloner cannot copy a subgraph whose output is a value captured from the enclosing
+    graph (``then_branch = () => (X) {}``); such models are copied through their serialised form
+    instead, which copies the weights too but is exact.
+    """
+    try:
+        return model.clone()
+    except RuntimeError:
+        return ir.from_proto(ir.to_proto(model))
+
+
 def prepare(model: ir.Model, transform: str) -> ir.Model:
     """Returns an independent, checked, inlined, sorted and shape-inferred copy of ``model``.
 
@@ -242,7 +260,7 @@ def prepare(model: ir.Model, transform: str) -> ir.Model:
             f"{transform}: expected an onnx_ir.Model, got {type(model).__name__}. "
             "Load a file with onnx_ir.load(path) or convert a proto with onnx_ir.from_proto(proto)."
         )
-    copy = model.clone()
+    copy = _clone(model)
     if _has_untyped_io(copy):
         infer_shapes(copy)  # the checker wants typed inputs and outputs
     proto, appended = _skeleton_proto(copy)

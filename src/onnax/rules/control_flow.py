@@ -7,7 +7,9 @@ The rules work on whole subgraphs through the hooks of a
   primal and tangent values together. Loops and Scans carry the tangents as extra state, scan
   inputs and scan outputs: nothing is stored, and any number of seeds works.
 * **linearize** (reverse mode): the primal node stays. A Loop or Scan additionally records the
-  state every iteration starts from (as extra scan outputs); a separate *linear* node reads the
+  state every iteration starts from (as extra scan outputs; the primal Loop is replaced by one
+  that also counts its iterations in an extra state, so that vmap can batch the records of
+  examples that stop at different iterations); a separate *linear* node reads the
   records, recomputes the body's primal part locally and computes the tangents, so that it is
   linear in the tangents. Its transpose rule builds the backward node: an If on the same
   condition, or a Loop/Scan running the iterations backwards (reading the records from the last

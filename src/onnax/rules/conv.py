@@ -9,9 +9,10 @@ the classic convolution backward passes, written with the two operators themselv
   ``o * s + q * d - b`` for the kernel offsets ``q`` (stride ``s``, dilation ``d``, begin pad
   ``b``). Its transpose with respect to ``X`` is a ``ConvTranspose`` of the cotangent with the
   same weight (Conv's weight layout ``[M, C/g, k]`` is ConvTranspose's ``[C_in, C_out/g, k]``
-  with the roles of the channel counts swapped), and with respect to ``W`` a Conv of the input
-  (batch and channel axes swapped, groups moved next to the batch) with the cotangent as kernel,
-  the stride and dilation exchanging places. The bias gets the cotangent summed over the batch
+  with the roles of the channel counts swapped; with unit strides and static pads, a Conv with
+  the weight flipped along the spatial axes instead, which onnxruntime runs faster), and with
+  respect to ``W`` a Conv of the input (batch and channel axes swapped, groups moved next to
+  the batch) with the cotangent as kernel, the stride and dilation exchanging places. The bias gets the cotangent summed over the batch
   and spatial axes.
 * A ConvTranspose is the transpose of a correlation from its output to its input, so its
   transposes are a Conv of the cotangent with the same weight (for ``X``) and the same weight
@@ -416,6 +417,55 @@ def correlate_adjoint(
     return em.op("Pad", [out, int_vector(em, [0, 0, *crop, 0, 0, *fill])])
 
 
+def _flipped_correlation(
+    em: Emitter, y: ir.Value, w: ir.Value, win: Window, group: int, rank: int
+) -> ir.Value | None:
+    """:func:`correlate_adjoint` for unit strides as a Conv with the flipped weight, if possible.
+
+    With stride 1, ``x_bar[i] = sum_q y[i + b - q d] w[q]`` is a correlation of ``y`` with the
+    kernel reversed along every spatial axis and the channel roles exchanged per group
+    (``[M, C/g, k]`` -> ``[C, M/g, k]``), padded by ``d (k - 1) - b`` at the begin and
+    ``d (k - 1) - e`` at the end (``e`` the tight end pad), which gives exactly the input's
+    size. onnxruntime runs such a Conv markedly faster than the equivalent ConvTranspose, and
+    the flipped weight depends on primal values only, so reverse mode computes it in the
+    forward sweep. None (use the ConvTranspose) for strides other than 1, run-time sizes, or
+    begin/end pads beyond the dilated kernel's reach (negative flipped pads).
+    """
+    if any(s != 1 for s in win.strides):
+        return None
+    kernel = [k for k in win.kernel if isinstance(k, int)]
+    begin = [b for b in win.begin if isinstance(b, int)]
+    end = [e for e in win.end if isinstance(e, int)]
+    n = rank - 2
+    if not len(kernel) == len(begin) == len(end) == n:
+        return None
+    reach = [d * (k - 1) for k, d in zip(kernel, win.dilations, strict=True)]
+    pads = [r - b for r, b in zip(reach, begin, strict=True)]
+    pads += [r - e for r, e in zip(reach, end, strict=True)]
+    if any(p < 0 for p in pads):
+        return None
+    if group == 1:
+        swapped = em.transpose(w, [1, 0, *range(2, rank)])  # [C, M, k]
+    else:
+        cg = dims_of(em, w, [1])[0]
+        split = em.op("Reshape", [w, int_vector(em, [group, -1, cg, *kernel])])  # [g, Mg, Cg, k]
+        grouped = em.transpose(split, [0, 2, 1, *range(3, rank + 1)])  # [g, Cg, Mg, k]
+        whole = _mul(em, cg, group)
+        swapped = em.op("Reshape", [grouped, int_vector(em, [whole, -1, *kernel])])
+    axes = [2 + i for i in range(n) if kernel[i] != 1]
+    flipped = (
+        em.slice(swapped, [-1] * len(axes), [-(2**62)] * len(axes), axes, [-1] * len(axes))
+        if axes
+        else swapped
+    )
+    attrs = {
+        "dilations": win.dilations if any(d != 1 for d in win.dilations) else None,
+        "group": group if group != 1 else None,
+        "pads": pads if any(pads) else None,
+    }
+    return em.op("Conv", [y, flipped], attrs)
+
+
 def weight_gradient(
     em: Emitter,
     inp: ir.Value,
@@ -504,7 +554,10 @@ def _conv_transpose(
     if linear[0] or linear[1]:
         win = conv_window(em, node)
         if linear[0]:
-            results[0] = correlate_adjoint(em, ct, w, win, group, rank)
+            flipped = _flipped_correlation(em, ct, w, win, group, rank)
+            results[0] = (
+                flipped if flipped is not None else correlate_adjoint(em, ct, w, win, group, rank)
+            )
         if linear[1]:
             results[1] = weight_gradient(em, x, x, ct, win, group, rank)
     if len(linear) > 2 and linear[2]:

@@ -301,12 +301,14 @@ def _quantize_batch(bx: Batcher, node: ir.Node, args: Args, batched: Sequence[bo
         inputs = [x, scale] if zero_point is None else [x, scale, zero_point]
         return [bx.op("QuantizeLinear", inputs, attrs)], [True]
     per_tensor = scale_rank == 0 and (zp_orig is None or bx.rank(zp_orig) == 0)
+    if bx.opset < 13 and bx.opset >= 11 and per_tensor:
+        return [_quantize_explicit(bx, node, args, batched)], [True]
     if not per_tensor or block_size > 0 or bx.opset < 13:
         index = 1 if batched[1] else 2
         name = _input_name(node, index)
         why = (
-            "before opset 13 QuantizeLinear has no axis attribute"
-            if bx.opset < 13
+            "at opset 10 QuantizeLinear has no axis attribute and ONNX no Round"
+            if bx.opset < 11
             else "the quantization parameters are per-axis or blocked"
         )
         raise UnsupportedOperatorError(
@@ -315,7 +317,7 @@ def _quantize_batch(bx: Batcher, node: ir.Node, args: Args, batched: Sequence[bo
             f"with its own parameters, which needs a per-axis quantization along the batch axis, "
             f"but {why}. Remedy: give the inputs {name!r} is computed from in_axes None "
             "(share the quantization parameters), or use a scalar scale and zero point at "
-            "opset >= 13."
+            "opset >= 11."
         )
     x = bx.materialize(x, batched[0], x_orig)
     scale = bx.materialize(scale, batched[1], scale_orig)
@@ -324,6 +326,35 @@ def _quantize_batch(bx: Batcher, node: ir.Node, args: Args, batched: Sequence[bo
         inputs.append(bx.materialize(zero_point, batched[2], zp_orig))
     # One scale per example: per-axis quantization along axis 0, the batch axis.
     return [bx.op("QuantizeLinear", inputs, attributes_of(node, axis=0))], [True]
+
+
+def _quantize_explicit(bx: Batcher, node: ir.Node, args: Args, batched: Sequence[bool]) -> ir.Value:
+    """Per-tensor QuantizeLinear-10 with per-example parameters, written out.
+
+    Before opset 13 there is no per-axis form to carry one scale per example, so the
+    definition is computed directly: ``y = saturate(round(x / scale) + zero_point)``, rounding
+    half to even, in float32 (x is float32 or int32, the scale float32, the zero point uint8 or
+    int8, as the opset-10 schema allows). Division (not a reciprocal), round-half-to-even and
+    saturation to the integer range are what onnxruntime's kernel does, so the results agree
+    exactly; the zero point and the rounded quotient are small integers, exact in float32.
+    """
+    x, scale, zero_point = _arg(args, 0), _arg(args, 1), _optional(args, 2)
+    x_orig, scale_orig = _original(node, 0), _original(node, 1)
+    zp_orig = node.inputs[2] if len(node.inputs) > 2 else None
+    rank = bx.rank(x_orig)
+    x = bx.materialize(x, batched[0], x_orig)
+    if x_orig.dtype != ir.DataType.FLOAT:
+        x = bx.op("Cast", [x], {"to": ir.DataType.FLOAT})
+    scale = bx.align(scale, batched[1], scale_orig, rank)
+    q = bx.op("Round", [bx.op("Div", [x, scale])])
+    out_type = ir.DataType.UINT8
+    if zero_point is not None and zp_orig is not None:
+        out_type = zp_orig.dtype or out_type
+        zp = bx.align(zero_point, batched[2], zp_orig, rank)
+        q = bx.op("Add", [q, bx.op("Cast", [zp], {"to": ir.DataType.FLOAT})])
+    info = np.iinfo(out_type.numpy())
+    low, high = bx.scalar(info.min, ir.DataType.FLOAT), bx.scalar(info.max, ir.DataType.FLOAT)
+    return bx.op("Cast", [bx.op("Clip", [q, low, high])], {"to": out_type})
 
 
 for _v in (10, 13, 19, 21, 23, 24, 25, 28):
