@@ -17,6 +17,7 @@ from typing import Any
 
 import numpy as np
 import onnx_ir as ir
+from onnx_ir.convenience import convert_attribute
 
 __all__ = ["Emitter", "InternalRuleError"]
 
@@ -26,6 +27,42 @@ class InternalRuleError(RuntimeError):
 
 
 _AttrValue = Any
+
+_SCALAR_TYPES: dict[type, ir.AttributeType] = {
+    int: ir.AttributeType.INT,
+    float: ir.AttributeType.FLOAT,
+    str: ir.AttributeType.STRING,
+}
+_LIST_TYPES: dict[type, ir.AttributeType] = {
+    int: ir.AttributeType.INTS,
+    float: ir.AttributeType.FLOATS,
+    str: ir.AttributeType.STRINGS,
+}
+
+
+def _attr(name: str, value: _AttrValue) -> ir.Attr:
+    """``convert_attribute(name, value)``, without its protocol checks on the common types.
+
+    ``ir.node`` infers attribute types with ``isinstance`` checks against runtime protocols,
+    which dominated the cost of emitting nodes on big models. The exact types rules pass (int,
+    float, str, non-empty lists/tuples of one of them, ``ir.Tensor``, ``ir.Graph``) are
+    classified here by ``type(...) is``; anything else (bools, numpy scalars, empty or mixed
+    lists, ``ir.Attr``...) goes to ``convert_attribute``, so the result is always the same.
+    """
+    kind = type(value)
+    scalar = _SCALAR_TYPES.get(kind)
+    if scalar is not None:
+        return ir.Attr(name, scalar, value)
+    if (kind is list or kind is tuple) and value:
+        first = type(value[0])
+        listed = _LIST_TYPES.get(first)
+        if listed is not None and all(type(x) is first for x in value):
+            return ir.Attr(name, listed, value)
+    elif kind is ir.Tensor:
+        return ir.Attr(name, ir.AttributeType.TENSOR, value)
+    elif kind is ir.Graph:
+        return ir.Attr(name, ir.AttributeType.GRAPH, value)
+    return convert_attribute(name, value)
 
 
 class Emitter:
@@ -67,10 +104,8 @@ class Emitter:
         domain: str = "",
     ) -> tuple[ir.Value, ...]:
         """Emits one node and returns all of its outputs."""
-        attrs = {k: v for k, v in (attributes or {}).items() if v is not None}
-        node = ir.node(
-            op_type, list(inputs), attributes=attrs, domain=domain, num_outputs=num_outputs
-        )
+        attrs = [_attr(k, v) for k, v in (attributes or {}).items() if v is not None]
+        node = ir.Node(domain, op_type, inputs, attributes=attrs, num_outputs=num_outputs)
         if any(v is not None and v in self.linear for v in inputs):
             self.linear.update(node.outputs)
         self.nodes.append(node)
@@ -97,7 +132,12 @@ class Emitter:
         cached = self._constants.get(key)
         if cached is not None:
             return cached
-        value = self.op("Constant", [], {"value": ir.tensor(data)})
+        tensor = ir.tensor(data)
+        value = self.op("Constant", [], {"value": tensor})
+        # With const_value set, readers (shape inference, get_const_tensor) take the tensor
+        # directly instead of checking the attribute against TensorProtocol, a slow runtime
+        # protocol check, for each of the thousands of Unsqueeze/Reshape/Slice constants.
+        value.const_value = tensor
         value.dtype = ir.DataType.from_numpy(data.dtype)
         value.shape = ir.Shape(list(data.shape))
         self._constants[key] = value

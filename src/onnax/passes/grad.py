@@ -7,6 +7,7 @@ from collections.abc import Sequence
 import onnx_ir as ir
 
 from onnax.core.emit import Emitter
+from onnax.core.gcpause import gc_paused
 from onnax.core.naming import NameClaims, diff_prefix, io_names
 from onnax.core.selection import format_shape, is_float, select_inputs, select_outputs
 from onnax.errors import SelectionError
@@ -76,6 +77,7 @@ class GradPass(ir.passes.FunctionalPass):
         self.inputs = inputs
         self.output = output
 
+    @gc_paused
     def call(self, model: ir.Model) -> ir.passes.PassResult:
         """Builds the gradient model; the argument is left untouched."""
         model = prepare(model, "grad")

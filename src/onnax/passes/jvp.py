@@ -7,6 +7,7 @@ from collections.abc import Sequence
 import onnx_ir as ir
 
 from onnax.core.emit import Emitter
+from onnax.core.gcpause import gc_paused
 from onnax.core.naming import NameClaims, diff_prefix, io_names
 from onnax.core.selection import select_inputs, select_outputs
 from onnax.passes.cleanup import cleanup
@@ -37,6 +38,7 @@ class JvpPass(ir.passes.FunctionalPass):
         self.inputs = inputs
         self.outputs = outputs
 
+    @gc_paused
     def call(self, model: ir.Model) -> ir.passes.PassResult:
         """Builds the forward-mode model; the argument is left untouched."""
         model = prepare(model, "jvp")
