@@ -136,13 +136,15 @@ def test_the_cases_go_through_expansion() -> None:
     assert checked >= len(CASES) // 2
 
 
-def test_linear_attention_jvp_and_vmap() -> None:
-    """Its body scans over time: forward mode and batching go through the Scan rules."""
-    from oracles import check_jvp, check_vmap
+def test_linear_attention_jvp_vjp_and_vmap() -> None:
+    """Its body scans over time: every transform goes through the Scan rules."""
+    from oracles import check_adjoint, check_jvp, check_vjp, check_vmap
 
     model = LINEAR_ATTENTION.model("float", 27)
     feeds = LINEAR_ATTENTION.feeds(model)
     check_jvp(model, feeds)
+    check_vjp(model, feeds)
+    check_adjoint(model, feeds)
     check_vmap(model, feeds, in_axes=0)
     check_vmap(model, feeds, in_axes=(0, None, None))
 
