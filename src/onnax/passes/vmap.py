@@ -21,6 +21,7 @@ import onnx_ir as ir
 
 from onnax.core.batching import Batcher, RandomnessPolicy, detach
 from onnax.core.diagnostics import RANDOM_OPS, node_label, op_label
+from onnax.core.gcpause import gc_paused
 from onnax.core.registry import batch_rules
 from onnax.core.selection import format_shape
 from onnax.core.subgraphs import subgraph_reads
@@ -136,6 +137,7 @@ class VmapPass(ir.passes.FunctionalPass):
         self.axis_size = axis_size
         self.randomness = randomness
 
+    @gc_paused
     def call(self, model: ir.Model) -> ir.passes.PassResult:
         """Builds the batched model; the argument is left untouched."""
         collect()
