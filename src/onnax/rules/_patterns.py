@@ -4,14 +4,19 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterable, Sequence
 
+import numpy as np
 import onnx_ir as ir
 
 from onnax.core.batching import Batcher
-from onnax.core.emit import Emitter
+from onnax.core.diagnostics import op_label
+from onnax.core.emit import Emitter, InternalRuleError
 from onnax.core.registry import batch_rules, jvp_rules, transpose_rules
 
 __all__ = [
     "Coefficient",
+    "TypedOps",
+    "batch_data",
+    "original_input",
     "attributes_of",
     "register_broadcasting_batch",
     "register_vectorized_batch",
@@ -145,3 +150,36 @@ def register_broadcasting_batch(op_types: Iterable[str], since_version: int = 1)
 
     for op_type in op_types:
         batch_rules.add(op_type, rule, since_version=since_version)
+
+
+class TypedOps:
+    """Arithmetic in the element type ``dtype`` on emitted values (weights, masks)."""
+
+    def __init__(self, em: Emitter, dtype: ir.DataType) -> None:
+        self.em = em
+        self.dtype = dtype
+
+    def c(self, number: float) -> ir.Value:
+        return self.em.const(np.array(number, self.dtype.numpy()))
+
+    def __call__(self, op: str, *args: ir.Value) -> ir.Value:
+        return self.em.op(op, list(args))
+
+    def mask(self, condition: ir.Value) -> ir.Value:
+        return self.em.op("Cast", [condition], {"to": self.dtype})
+
+
+def batch_data(args: Sequence[ir.Value | None]) -> ir.Value:
+    """The data input (first argument) of a batch rule, which is always present."""
+    x = args[0]
+    if x is None:
+        raise InternalRuleError("batch rule: the data input is missing")
+    return x
+
+
+def original_input(node: ir.Node, index: int = 0) -> ir.Value:
+    """An original (unbatched) input: read its rank and static dims only, never its value."""
+    value = node.inputs[index] if index < len(node.inputs) else None
+    if value is None:
+        raise InternalRuleError(f"{op_label(node)}: input {index} is missing")
+    return value

@@ -22,25 +22,11 @@ import numpy as np
 import onnx_ir as ir
 
 from onnax.core.emit import Emitter
+from onnax.rules._patterns import TypedOps
 
 __all__ = ["RoiSamples"]
 
 _BIG = 2**62
-
-
-class _Ops:
-    def __init__(self, em: Emitter, dtype: ir.DataType) -> None:
-        self.em = em
-        self.dtype = dtype
-
-    def c(self, number: float) -> ir.Value:
-        return self.em.const(np.array(number, self.dtype.numpy()))
-
-    def __call__(self, op: str, *args: ir.Value) -> ir.Value:
-        return self.em.op(op, list(args))
-
-    def mask(self, condition: ir.Value) -> ir.Value:
-        return self.em.op("Cast", [condition], {"to": self.dtype})
 
 
 class RoiSamples:
@@ -64,7 +50,7 @@ class RoiSamples:
     ) -> None:
         dtype = x.dtype
         assert dtype is not None
-        f = _Ops(em, dtype)
+        f = TypedOps(em, dtype)
         self.em = em
         attrs = node.attributes
         pooled = (attrs.get_int("output_height", 1), attrs.get_int("output_width", 1))
@@ -184,7 +170,7 @@ class RoiSamples:
 
     @staticmethod
     def _axis_taps(
-        f: _Ops, c: ir.Value, length: ir.Value
+        f: TypedOps, c: ir.Value, length: ir.Value
     ) -> list[tuple[ir.Value, ir.Value, ir.Value]]:
         """(row, weight, dweight/dcoord) of the two bilinear taps along one axis."""
         last = f("Sub", length, f.c(1.0))

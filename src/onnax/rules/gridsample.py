@@ -37,7 +37,7 @@ from onnax.core.diagnostics import node_label, op_label
 from onnax.core.emit import Emitter, InternalRuleError
 from onnax.core.registry import batch_rules, jvp_rules, transpose_rules
 from onnax.errors import UnsupportedOperatorError
-from onnax.rules._patterns import attributes_of
+from onnax.rules._patterns import TypedOps, attributes_of
 
 __all__: list[str] = []
 
@@ -68,24 +68,7 @@ def _rank(node: ir.Node) -> int:
     return x.shape.rank()
 
 
-class _Ops:
-    """Arithmetic in the element type ``dtype`` on emitted values."""
-
-    def __init__(self, em: Emitter, dtype: ir.DataType) -> None:
-        self.em = em
-        self.dtype = dtype
-
-    def c(self, number: float) -> ir.Value:
-        return self.em.const(np.array(number, self.dtype.numpy()))
-
-    def __call__(self, op: str, *args: ir.Value) -> ir.Value:
-        return self.em.op(op, list(args))
-
-    def mask(self, condition: ir.Value) -> ir.Value:
-        return self.em.op("Cast", [condition], {"to": self.dtype})
-
-
-def _cubic_coefficients(f: _Ops, t: ir.Value) -> tuple[list[ir.Value], list[ir.Value]]:
+def _cubic_coefficients(f: TypedOps, t: ir.Value) -> tuple[list[ir.Value], list[ir.Value]]:
     """Keys' four coefficients of ``t`` in [0, 1) and their derivatives in ``t``."""
     a = _CUBIC_A
 
@@ -108,7 +91,7 @@ def _cubic_coefficients(f: _Ops, t: ir.Value) -> tuple[list[ir.Value], list[ir.V
     return [p(tp1), q(t), q(om), p(tm)], [dp(tp1), dq(t), f("Neg", dq(om)), f("Neg", dp(tm))]
 
 
-def _reflect(f: _Ops, i: ir.Value, low: ir.Value, high: ir.Value) -> ir.Value:
+def _reflect(f: TypedOps, i: ir.Value, low: ir.Value, high: ir.Value) -> ir.Value:
     """The GsReflect of onnxruntime applied to the integer index ``i``, truncated to an integer."""
     span = f("Sub", high, low)
     below, above = f("Less", i, low), f("Greater", i, high)
@@ -123,7 +106,7 @@ def _reflect(f: _Ops, i: ir.Value, low: ir.Value, high: ir.Value) -> ir.Value:
 
 
 def _axis_taps(
-    f: _Ops, c: ir.Value, length: ir.Value, mode: str, padding: str, align: bool
+    f: TypedOps, c: ir.Value, length: ir.Value, mode: str, padding: str, align: bool
 ) -> list[Tap]:
     """The taps along one axis for pixel coordinates ``c``, padding applied to their indices."""
     if mode == "nearest":
@@ -170,7 +153,7 @@ class _Sampling:
         dtype = grid.dtype
         if dtype is None:
             raise InternalRuleError(f"{op_label(node)}: grid has no dtype")
-        f = _Ops(em, dtype)
+        f = TypedOps(em, dtype)
         self.em = em
         self.dims = dims
         mode = _mode(node)

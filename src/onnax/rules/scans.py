@@ -40,10 +40,10 @@ import onnx_ir as ir
 from onnax.core.attrs import const_ints
 from onnax.core.batching import Batcher, refuse_batched
 from onnax.core.diagnostics import node_label, op_label
-from onnax.core.emit import Emitter, InternalRuleError
+from onnax.core.emit import Emitter
 from onnax.core.registry import batch_rules, jvp_rules, transpose_rules
 from onnax.errors import UnsupportedOperatorError
-from onnax.rules._patterns import attributes_of
+from onnax.rules._patterns import attributes_of, batch_data, original_input
 
 Tangents = Sequence[ir.Value | None]
 Args = Sequence[ir.Value | None]
@@ -74,20 +74,6 @@ _PER_EXAMPLE = (
 )
 
 
-def _data(args: Args) -> ir.Value:
-    x = args[0]
-    if x is None:
-        raise InternalRuleError("batch rule: the data input is missing")
-    return x
-
-
-def _original(node: ir.Node, index: int = 0) -> ir.Value:
-    value = node.inputs[index]
-    if value is None:
-        raise InternalRuleError(f"{op_label(node)}: input {index} is missing")
-    return value
-
-
 # ------------------------------------------------------------------------------ CumSum
 def _cumsum_transpose(
     em: Emitter, node: ir.Node, cts: Tangents, linear: Sequence[bool]
@@ -102,9 +88,9 @@ def _cumsum_transpose(
 def _cumsum_batch(bx: Batcher, node: ir.Node, args: Args, batched: Sequence[bool]) -> BatchResult:
     """CumSum with its run-time axis normalised and shifted past the batch axis."""
     refuse_batched(bx, node, args, batched, {1: "axis"}, _PER_EXAMPLE)
-    x, axis = _data(args), args[1]
+    x, axis = batch_data(args), args[1]
     assert axis is not None
-    rank = bx.rank(_original(node))
+    rank = bx.rank(original_input(node))
     dtype = axis.dtype if axis.dtype is not None else ir.DataType.INT64
     np_dtype = dtype.numpy()
     zero = bx.const(np.array(0, np_dtype))
@@ -125,7 +111,7 @@ for _v in (11, 14):
 def _trilu_batch(bx: Batcher, node: ir.Node, args: Args, batched: Sequence[bool]) -> BatchResult:
     """Trilu acts on the last two axes: a leading batch axis is one more matrix of the stack."""
     refuse_batched(bx, node, args, batched, {1: "diagonal offset k"}, _PER_EXAMPLE)
-    inputs = [_data(args), *args[1:]]
+    inputs = [batch_data(args), *args[1:]]
     return [bx.op("Trilu", inputs, attributes_of(node))], [True]
 
 
@@ -146,11 +132,11 @@ def _topk_jvp(em: Emitter, node: ir.Node, tangents: Tangents) -> list[ir.Value |
 def _topk_batch(bx: Batcher, node: ir.Node, args: Args, batched: Sequence[bool]) -> BatchResult:
     """TopK with its axis attribute normalised and shifted past the batch axis."""
     refuse_batched(bx, node, args, batched, {1: "K"}, _PER_EXAMPLE)
-    rank = bx.rank(_original(node))
+    rank = bx.rank(original_input(node))
     axis = node.attributes.get_int("axis", -1)
     axis = (axis + rank if axis < 0 else axis) + 1
     values, indices = bx.op_multi(
-        "TopK", [_data(args), *args[1:]], attributes_of(node, axis=axis), num_outputs=2
+        "TopK", [batch_data(args), *args[1:]], attributes_of(node, axis=axis), num_outputs=2
     )
     return [values, indices], [True, True]
 
@@ -171,11 +157,11 @@ def _reverse_sequence_batch(
     the attributes are kept and the lengths are materialized to ``[B, batch]`` and flattened
     in the same (vmap-major) order. The result is reshaped and moved back.
     """
-    x, lens = _data(args), args[1]
+    x, lens = batch_data(args), args[1]
     assert lens is not None
-    rank = bx.rank(_original(node))
+    rank = bx.rank(original_input(node))
     b = node.attributes.get_int("batch_axis", 1)
-    x = bx.materialize(x, batched[0], _original(node))
+    x = bx.materialize(x, batched[0], original_input(node))
     # The vmap axis goes to position b, the operator's batch axis follows at b + 1.
     moved = bx.move_axis(x, 0, b, rank + 1)
     shape = bx.op("Shape", [moved])
@@ -188,7 +174,7 @@ def _reverse_sequence_batch(
     merged = bx.op("Reshape", [moved, bx.op("Concat", pieces, {"axis": 0})])
     flat_lens = bx.op(
         "Reshape",
-        [bx.materialize(lens, batched[1], _original(node, 1)), bx.ints([-1])],
+        [bx.materialize(lens, batched[1], original_input(node, 1)), bx.ints([-1])],
     )
     out = bx.op("ReverseSequence", [merged, flat_lens], attributes_of(node))
     restored = bx.op("Reshape", [out, shape])
@@ -222,12 +208,12 @@ def _compress_jvp(em: Emitter, node: ir.Node, tangents: Tangents) -> list[ir.Val
 def _compress_batch(bx: Batcher, node: ir.Node, args: Args, batched: Sequence[bool]) -> BatchResult:
     """Compress along the shifted axis; without an axis, along the flattened example."""
     refuse_batched(bx, node, args, batched, {1: "condition"}, _PER_EXAMPLE)
-    x, condition = _data(args), args[1]
+    x, condition = batch_data(args), args[1]
     assert condition is not None
     if "axis" not in node.attributes:
         flat = bx.op("Reshape", [x, bx.op("Concat", [bx.batch_size, bx.ints([-1])], {"axis": 0})])
         return [bx.op("Compress", [flat, condition], {"axis": 1})], [True]
-    rank = bx.rank(_original(node))
+    rank = bx.rank(original_input(node))
     axis = node.attributes.get_int("axis", 0)
     axis = (axis + rank if axis < 0 else axis) + 1
     return [bx.op("Compress", [x, condition], {"axis": axis})], [True]

@@ -55,7 +55,7 @@ from onnax.core.registry import (
 )
 from onnax.core.shapes import unbroadcast
 from onnax.errors import UnsupportedOperatorError
-from onnax.rules._patterns import attributes_of, register_zero
+from onnax.rules._patterns import attributes_of, batch_data, original_input, register_zero
 
 Tangents = Sequence[ir.Value | None]
 Args = Sequence[ir.Value | None]
@@ -220,21 +220,6 @@ def _register_batch(op_type: str, versions: Iterable[int], rule: BatchRule) -> N
         batch_rules.add(op_type, rule, since_version=v)
 
 
-def _data(args: Args) -> ir.Value:
-    x = args[0]
-    if x is None:
-        raise InternalRuleError("batch rule: the data input is missing")
-    return x
-
-
-def _original(node: ir.Node, index: int = 0) -> ir.Value:
-    """An original (unbatched) input: read its rank and static dims only, never its value."""
-    value = node.inputs[index]
-    if value is None:
-        raise InternalRuleError(f"{op_label(node)}: input {index} is missing")
-    return value
-
-
 def _ints_like(bx: Batcher, values: Sequence[int], like: ir.Value | None) -> ir.Value:
     """A 1-D integer constant in the element type of ``like`` (int32 or int64 indices)."""
     dtype = like.dtype if like is not None and like.dtype is not None else ir.DataType.INT64
@@ -292,9 +277,9 @@ def _expand_batch(bx: Batcher, node: ir.Node, args: Args, batched: Sequence[bool
     batch axis meets the batch size and every other axis lines up as in one example.
     """
     refuse_batched(bx, node, args, batched, {1: "target shape"})
-    x, shape = _data(args), args[1]
+    x, shape = batch_data(args), args[1]
     assert shape is not None
-    r = bx.rank(_original(node))
+    r = bx.rank(original_input(node))
     s = _vector_length(shape)
     if s is None:
         # The length of the shape is only known at run time; the rank of the result may be.
@@ -315,7 +300,7 @@ def _expand_batch(bx: Batcher, node: ir.Node, args: Args, batched: Sequence[bool
         rank_out = max(r, s)
         lead = [bx.batch_size] + ([bx.ints([1] * (rank_out - s))] if rank_out > s else [])
         target = bx.op("Concat", [*lead, shape], {"axis": 0})
-    aligned = bx.align(x, True, _original(node), rank_out)
+    aligned = bx.align(x, True, original_input(node), rank_out)
     return [bx.op("Expand", [aligned, target])], [True]
 
 
@@ -356,7 +341,7 @@ def _reshape_batch(bx: Batcher, node: ir.Node, args: Args, batched: Sequence[boo
     copy still reads the right dimension; -1 still absorbs what remains of one example.
     """
     refuse_batched(bx, node, args, batched, {1: "target shape"})
-    x, shape = _data(args), args[1]
+    x, shape = batch_data(args), args[1]
     assert shape is not None
     target = bx.op("Concat", [bx.batch_size, shape], {"axis": 0})
     return [bx.op("Reshape", [x, target], attributes_of(node))], [True]
@@ -367,7 +352,7 @@ def _flatten_batch(bx: Batcher, node: ir.Node, args: Args, batched: Sequence[boo
 
     The products are computed at run time when a dimension is symbolic.
     """
-    x, original = _data(args), _original(node)
+    x, original = batch_data(args), original_input(node)
     r = bx.rank(original)
     axis = _norm_axis(int_attr(node, "axis", 1), r)
     assert original.shape is not None
@@ -415,12 +400,12 @@ def _transpose_batch(
     bx: Batcher, node: ir.Node, args: Args, batched: Sequence[bool]
 ) -> BatchResult:
     """The batch axis stays first: ``perm' = [0] + [p + 1 for p in perm]``."""
-    r = bx.rank(_original(node))
+    r = bx.rank(original_input(node))
     perm = ints_attr(node, "perm")
     if perm is None:
         perm = list(range(r - 1, -1, -1))
     new_perm = [0, *shift_axes(perm, r)]
-    return [bx.op("Transpose", [_data(args)], {"perm": new_perm})], [True]
+    return [bx.op("Transpose", [batch_data(args)], {"perm": new_perm})], [True]
 
 
 _register_batch("Transpose", (1, 13, 21, 23, 24, 25), _transpose_batch)
@@ -462,7 +447,7 @@ def _squeeze_batch(bx: Batcher, node: ir.Node, args: Args, batched: Sequence[boo
     as the positions where the example's shape is 1 (which needs axes as an input, opset 13).
     """
     refuse_batched(bx, node, args, batched, {1: "axes"})
-    x, original = _data(args), _original(node)
+    x, original = batch_data(args), original_input(node)
     r = bx.rank(original)
     axes = ints_param(node, "axes", 1)
     if isinstance(axes, ir.Value):
@@ -498,7 +483,7 @@ def _unsqueeze_batch(
     what negative axes are normalised against.
     """
     refuse_batched(bx, node, args, batched, {1: "axes"})
-    x, original = _data(args), _original(node)
+    x, original = batch_data(args), original_input(node)
     r = bx.rank(original)
     axes = ints_param(node, "axes", 1)
     if axes is None:
@@ -592,11 +577,11 @@ _register("Split", (2, 11, 13, 18), _same_op_jvp, _split_transpose)
 def _split_batch(bx: Batcher, node: ir.Node, args: Args, batched: Sequence[bool]) -> BatchResult:
     """Split along the shifted axis; the split sizes (attribute or input) are one example's."""
     refuse_batched(bx, node, args, batched, {1: "split sizes"})
-    r = bx.rank(_original(node))
+    r = bx.rank(original_input(node))
     axis = shift_axes([int_attr(node, "axis", 0)], r)[0]
     outs = bx.op_multi(
         "Split",
-        [_data(args), *args[1:]],
+        [batch_data(args), *args[1:]],
         attributes_of(node, axis=axis),
         num_outputs=len(node.outputs),
     )
@@ -746,7 +731,7 @@ def _slice_batch(bx: Batcher, node: ir.Node, args: Args, batched: Sequence[bool]
     """
     roles = {1: "starts", 2: "ends", 3: "axes", 4: "steps"}
     refuse_batched(bx, node, args, batched, roles)
-    x, original = _data(args), _original(node)
+    x, original = batch_data(args), original_input(node)
     r = bx.rank(original)
     inputs = list(args) + [None] * (5 - len(args))
     starts, ends, axes_in, steps = inputs[1], inputs[2], inputs[3], inputs[4]
@@ -943,7 +928,7 @@ def _pad_batch(bx: Batcher, node: ir.Node, args: Args, batched: Sequence[bool]) 
     ones, take each example's value through a Where.
     """
     refuse_batched(bx, node, args, batched, {1: "pads", 3: "axes"})
-    x, original = _data(args), _original(node)
+    x, original = batch_data(args), original_input(node)
     r = bx.rank(original)
     inputs = list(args) + [None] * (4 - len(args))
     pads, value, axes = inputs[1], inputs[2], inputs[3]
@@ -984,7 +969,7 @@ def _pad_batched_value(
     or not) and the mask are padded with the node's own pads, unbatched, where possible: the
     broadcasting Where puts the batch axis back.
     """
-    original = _original(node)
+    original = original_input(node)
     r = bx.rank(original)
     pads, axes = node.inputs[1], _pad_input(node, 3)
     assert x.dtype is not None or original.dtype is not None
@@ -1039,7 +1024,7 @@ _register("Tile", (6, 13), _same_op_jvp, _tile_transpose)
 def _tile_batch(bx: Batcher, node: ir.Node, args: Args, batched: Sequence[bool]) -> BatchResult:
     """Tile with one repeat for the batch axis: ``repeats' = [1, *repeats]``."""
     refuse_batched(bx, node, args, batched, {1: "repeats"})
-    x, repeats = _data(args), args[1]
+    x, repeats = batch_data(args), args[1]
     assert repeats is not None
     static = const_ints(repeats)
     new = (
@@ -1093,8 +1078,8 @@ def _dropout_batch(bx: Batcher, node: ir.Node, args: Args, batched: Sequence[boo
     training = node.inputs[2] if len(node.inputs) > 2 else None
     flag = ir.convenience.get_const_tensor(training) if training is not None else None
     inference = training is None or (flag is not None and not bool(flag.numpy().reshape(-1)[0]))
-    original = _original(node)
-    x = bx.materialize(_data(args), batched[0], original)
+    original = original_input(node)
+    x = bx.materialize(batch_data(args), batched[0], original)
     n = len(node.outputs)
     if inference:
         outs = bx.op_multi("Dropout", [x], attributes_of(node), num_outputs=n)

@@ -36,6 +36,7 @@ from onnax.core.registry import BatchRule, batch_rules, jvp_rules
 from onnax.errors import UnsupportedOperatorError
 from onnax.rules._patterns import (
     attributes_of,
+    original_input,
     register_broadcasting_batch,
     register_vectorized_batch,
     register_zero,
@@ -151,13 +152,6 @@ for _op, _versions in VECTORIZED_BATCH.items():
         register_vectorized_batch([_op], since_version=_v)
 
 
-def _original(node: ir.Node, index: int) -> ir.Value:
-    value = node.inputs[index] if index < len(node.inputs) else None
-    if value is None:
-        raise InternalRuleError(f"{op_label(node)}: input {index} is missing")
-    return value
-
-
 def _arg(args: Args, index: int) -> ir.Value:
     value = args[index] if index < len(args) else None
     if value is None:
@@ -199,7 +193,7 @@ def _shape_batch(bx: Batcher, node: ir.Node, args: Args, batched: Sequence[bool]
     into the batch axis). Of an input of unknown rank, the example's shape is sliced instead
     (Slice clamps its bounds exactly as Shape does).
     """
-    x, original = _arg(args, 0), _original(node, 0)
+    x, original = _arg(args, 0), original_input(node, 0)
     start_attr, end_attr = node.attributes.get_int("start", 0), node.attributes.get("end")
     if original.shape is None:
         shape = bx.unbatched_shape(x, True, original)
@@ -234,7 +228,7 @@ def _size_batch(bx: Batcher, node: ir.Node, args: Args, batched: Sequence[bool])
     Computed from the unbatched shape rather than ``Size / batch_size``, which would divide by
     zero for an empty batch.
     """
-    x, original = _arg(args, 0), _original(node, 0)
+    x, original = _arg(args, 0), original_input(node, 0)
     if original.shape is not None and original.shape.is_static():
         size = int(np.prod(original.shape.numpy(), dtype=np.int64))
         out = bx.const(np.array(size, dtype=np.int64))
@@ -282,7 +276,7 @@ def _quantize_batch(bx: Batcher, node: ir.Node, args: Args, batched: Sequence[bo
     a per-axis quantization along the batch axis itself.
     """
     x, scale, zero_point = _arg(args, 0), _arg(args, 1), _optional(args, 2)
-    x_orig, scale_orig = _original(node, 0), _original(node, 1)
+    x_orig, scale_orig = original_input(node, 0), original_input(node, 1)
     zp_orig = node.inputs[2] if len(node.inputs) > 2 else None
     rank, scale_rank = bx.rank(x_orig), bx.rank(scale_orig)
     zp_batched = zero_point is not None and batched[2]
@@ -339,7 +333,7 @@ def _quantize_explicit(bx: Batcher, node: ir.Node, args: Args, batched: Sequence
     exactly; the zero point and the rounded quotient are small integers, exact in float32.
     """
     x, scale, zero_point = _arg(args, 0), _arg(args, 1), _optional(args, 2)
-    x_orig, scale_orig = _original(node, 0), _original(node, 1)
+    x_orig, scale_orig = original_input(node, 0), original_input(node, 1)
     zp_orig = node.inputs[2] if len(node.inputs) > 2 else None
     rank = bx.rank(x_orig)
     x = bx.materialize(x, batched[0], x_orig)
@@ -370,7 +364,7 @@ def _onehot_batch(bx: Batcher, node: ir.Node, args: Args, batched: Sequence[bool
     element type.
     """
     indices, depth, values = _arg(args, 0), _arg(args, 1), _arg(args, 2)
-    indices_orig, values_orig = _original(node, 0), _original(node, 2)
+    indices_orig, values_orig = original_input(node, 0), original_input(node, 2)
     if batched[1]:
         name = _input_name(node, 1)
         raise UnsupportedOperatorError(
@@ -416,7 +410,7 @@ def _eyelike_batch(bx: Batcher, node: ir.Node, args: Args, batched: Sequence[boo
     The batched input is never read as such; a zero tensor of the unbatched shape and type stands
     in for it, so every example shares one result.
     """
-    x, original = _arg(args, 0), _original(node, 0)
+    x, original = _arg(args, 0), original_input(node, 0)
     dtype = original.dtype
     if dtype is None:
         raise InternalRuleError(f"EyeLike: the element type of {original.name!r} is unknown")
@@ -491,7 +485,7 @@ def _tree_ensemble_batch(
     ``[B, N, F] -> [B * N, F]``, and the scores ``[B * N, T]`` unfolded to ``[B, N, T]``.
     """
     x = _arg(args, 0)
-    if bx.rank(_original(node, 0)) != 2:
+    if bx.rank(original_input(node, 0)) != 2:
         raise UnsupportedOperatorError(
             f"vmap: {op_label(node)} at opset {bx.opset} ({node_label(node)}): input 0 "
             f"{_input_name(node, 0)!r} is not of rank 2 ([N, F]), which the operator requires. "
@@ -535,7 +529,7 @@ def _qlinear_matmul_batch(
     """
     why = "each example would have its own quantization parameters, which the operator cannot take"
     _refuse_batched_parameters(bx, node, batched, (0, 3), why)
-    a_orig, b_orig = _original(node, 0), _original(node, 3)
+    a_orig, b_orig = original_input(node, 0), original_input(node, 3)
     ra, rb = bx.rank(a_orig), bx.rank(b_orig)
     if min(ra, rb) < 2:
         raise UnsupportedOperatorError(
@@ -547,7 +541,7 @@ def _qlinear_matmul_batch(
     new = list(args)
     for index in (0, 3):
         if batched[index]:
-            new[index] = bx.align(_arg(args, index), True, _original(node, index), rank)
+            new[index] = bx.align(_arg(args, index), True, original_input(node, index), rank)
     return [bx.op("QLinearMatMul", new)], [True]
 
 
