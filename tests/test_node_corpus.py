@@ -178,11 +178,18 @@ MAY_REFUSE: dict[str, tuple[str, ...]] = {}
 """Sample cases that may be refused (by the transforms listed) while that limitation lasts."""
 
 
+RUNTIME_CASES = [
+    "test_attention_4d_with_past_and_present_qk_matmul_bias_3d_mask_causal",
+    "test_resize_downsample_scales_linear_align_corners",
+    "test_training_dropout",
+]
+
+
 @pytest.fixture(scope="module")
 def testcases() -> dict[str, Any]:
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
-        wanted = {*CASES, *NO_FLOAT_CASES}
+        wanted = {*CASES, *NO_FLOAT_CASES, *RUNTIME_CASES}
         return {c.name: c for c in driver.collect_cases() if c.name in wanted}
 
 
@@ -422,6 +429,33 @@ def test_scope_excludes_cases_onnxruntime_cannot_run() -> None:
         result = check_case(case)
     assert result[SCOPE][0] == "out" and "onnxruntime cannot run" in result[SCOPE][1], result
     assert all(result[t][0] == "skipped" for t in TRANSFORMS), result
+
+
+def _primal_runtime_of(testcases: dict[str, Any], name: str) -> Any:
+    case = testcases[name]
+    names, _, _ = driver._float_inputs(case.model)
+    inits = {t.name for t in case.model.graph.initializer}
+    inputs = [n for n in names if n not in inits]
+    feeds = {n: driver._to_feed(v) for n, v in zip(inputs, case.data_sets[0][0], strict=False)}
+    first = driver._run(driver._session(case.model), feeds)
+    return driver._primal_runtime(case, case.model, feeds, first)
+
+
+def test_oracles_use_the_reference_only_where_onnxruntime_drops_an_infinity(
+    testcases: dict[str, Any],
+) -> None:
+    # onnxruntime's fused Attention writes the lowest float where the specification writes -inf.
+    causal = "test_attention_4d_with_past_and_present_qk_matmul_bias_3d_mask_causal"
+    assert _primal_runtime_of(testcases, causal) is driver._ReferenceSession
+    # Kernels that merely compute other numbers than the test data stay the judge: a generated
+    # model runs the same kernel.
+    for name in ("test_resize_downsample_scales_linear_align_corners", "test_training_dropout"):
+        assert _primal_runtime_of(testcases, name) is driver._session, name
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        result = check_case(testcases[causal])
+    for t in ("jvp", "vjp"):
+        assert result[t] == ("pass", "f64 fd through onnx.reference"), result
 
 
 def test_summary_counts_the_scope_only() -> None:
