@@ -16,7 +16,7 @@ import pytest
 
 import onnax
 from cases import Case, away_from_zero, case_id, distinct, parametrize, run_case, run_vmap_case
-from oracles import check_adjoint, check_jvp, check_vjp, check_vmap
+from oracles import check_adjoint, check_jvp, check_vjp, check_vmap, session
 from rules.test_indexing import vmap_params, vmapped_feeds
 
 FLOAT = ("float",)
@@ -386,8 +386,13 @@ def test_max_pool_uses_its_own_indices() -> None:
     case = next(c for c in CASES if c.name == "max_indices_output")
     jm = onnax.jvp(case.model("float", 18))
     assert sum(n.op_type == "MaxPool" for n in jm.graph) == 1
+    # Otherwise (column-major Indices here) the windows' taps are read by a one-hot Conv.
     case = next(c for c in CASES if c.name == "max_indices_column_major")
     jm = onnax.jvp(case.model("float", 18))
+    assert sum(n.op_type == "MaxPool" for n in jm.graph) == 1
+    assert sum(n.op_type in ("Conv", "ArgMax") for n in jm.graph) == 2
+    # A double MaxPool (onnxruntime has no double Conv) runs a second MaxPool for its Indices.
+    jm = onnax.jvp(case.model("double", 18))
     assert sum(n.op_type == "MaxPool" for n in jm.graph) == 2
 
 
@@ -402,3 +407,34 @@ def test_vmap_unpool_batched_output_shape_is_refused() -> None:
     message = str(info.value)
     for fact in ("ai.onnx::MaxUnpool", "'Z'", "output_shape", "'S'", "in_axes None"):
         assert fact in message, (fact, message)
+
+
+@pytest.mark.parametrize("opset", [13, 18])
+@pytest.mark.parametrize(
+    "attrs",
+    [
+        "kernel_shape=[3, 3], strides=[2, 2], pads=[1, 1, 1, 1]",
+        "kernel_shape=[3, 3], strides=[2, 2], ceil_mode=1",
+        "kernel_shape=[2, 3], dilations=[2, 1], pads=[0, 1, 1, 0]",
+    ],
+)
+def test_max_pool_tangent_follows_the_runtimes_choice_among_ties(attrs: str, opset: int) -> None:
+    """Integer-valued, mostly negative inputs: windows tie, and next to the padding every
+    element is negative. The tangent must be the tangent of the element onnxruntime's own
+    MaxPool picks (its Indices: an oracle independent of the rule), never of a padding tap,
+    and the vjp its adjoint."""
+    text = f"g (float[2, 3, 9, 8] X) => (float[2, 3, ?, ?] Y) {{ Y = MaxPool<{attrs}>(X) }}"
+    model = Case("ties", text).model("float", opset)
+    indices = text.replace("(float[2, 3, ?, ?] Y)", "(float[2, 3, ?, ?] Y, int64[2, 3, ?, ?] I)")
+    reference = Case("indices", indices.replace("Y = MaxPool", "Y, I = MaxPool")).model(
+        "float", opset
+    )
+    rng = np.random.default_rng(3)
+    x = np.round(rng.standard_normal((2, 3, 9, 8)) * 1.5 - 2.0).astype(np.float32)
+    t = rng.standard_normal(x.shape).astype(np.float32)
+    jm = onnax.jvp(model)
+    out = session(jm).run(None, {"X": x, jm.graph.inputs[1].name: t})
+    ref_y, ref_i = session(reference).run(None, {"X": x})
+    np.testing.assert_array_equal(out[0], ref_y)
+    np.testing.assert_array_equal(out[1], t.reshape(-1)[ref_i])
+    check_adjoint(model, {"X": x})

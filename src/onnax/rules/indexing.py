@@ -131,7 +131,7 @@ def _normalized(em: Emitter, idx: ir.Value, size: ir.Value) -> ir.Value:
     """
     idx64 = _as_int64(em, idx)
     static = const_ints(idx)
-    if static is not None and all(i >= 0 for i in static):
+    if (static is not None and all(i >= 0 for i in static)) or idx.meta.get("onnax.nonnegative"):
         return idx64
     negative = em.op("Less", [idx64, em.scalar(0, ir.DataType.INT64)])
     return em.op("Where", [negative, em.op("Add", [idx64, size]), idx64])

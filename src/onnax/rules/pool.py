@@ -35,6 +35,7 @@ Onnxruntime has double kernels for MaxPool only; the other pooling operators are
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Sequence
 
 import numpy as np
@@ -147,13 +148,142 @@ def _plane_size(em: Emitter, x: ir.Value) -> ir.Value:
     return em.slice(em.op("Shape", [flat]), [2], [3], [0])
 
 
+def _static(params: Sequence[Param]) -> list[int] | None:
+    ints = [p for p in params if isinstance(p, int)]
+    return ints if len(ints) == len(params) else None
+
+
+def _tap_kernel(kernel: Sequence[int], channels: int, dtype: ir.DataType) -> np.ndarray:
+    """Depthwise one-hot kernels ``[C*K, 1, *kernel]``.
+
+    Output channel ``c*K + q`` of a Conv with ``group = C`` reads tap ``q`` (row-major) of each
+    window of channel ``c``.
+    """
+    taps = int(np.prod(kernel))
+    eye = np.eye(taps, dtype=dtype.numpy()).reshape(taps, 1, *kernel)
+    return np.tile(eye, (channels, 1, *([1] * len(kernel))))
+
+
+@dataclasses.dataclass
+class _Taps:
+    """Static geometry of a MaxPool whose windows are read tap by tap."""
+
+    win: Window
+    channels: int
+    size_in: list[int]
+    size_out: list[int]
+    kernel: list[int]
+    begin: list[int]
+    end: list[int]
+    rank: int
+
+    @property
+    def count(self) -> int:
+        return int(np.prod(self.kernel))
+
+    def read(self, em: Emitter, z: ir.Value, weights: ir.Value, padded: bool) -> ir.Value:
+        """The taps of every window of ``z``, ``[N, C, K, outputs]``.
+
+        ``padded``: ``z`` already carries the window's padding.
+        """
+        win = self.win
+        if padded:
+            zero = [0] * (self.rank - 2)
+            win = dataclasses.replace(win, begin=zero, end=zero)
+        taps = correlate(em, z, weights, win, self.channels, self.rank)
+        plane = int(np.prod(self.size_out))
+        return em.op("Reshape", [taps, em.ints([0, self.channels, self.count, plane])])
+
+
+def _taps_geometry(em: Emitter, node: ir.Node, x: ir.Value) -> _Taps | None:
+    channels = _channels(x)
+    # FLOAT only: onnxruntime has no double Conv (the taps are read by one).
+    if channels is None or em.opset < 11 or x.dtype != ir.DataType.FLOAT:
+        return None
+    rank = rank_of(node, x, "input 'X'")
+    win = pool_window(em, node)
+    parts = [_static(p) for p in (win.size_in, win.size_out, win.kernel, win.begin, win.end)]
+    if any(p is None for p in parts):
+        return None
+    size_in, size_out, kernel, begin, end = (p or [] for p in parts)
+    return _Taps(win, channels, size_in, size_out, kernel, begin, end, rank)
+
+
+def _max_pool_taps_jvp(em: Emitter, x: ir.Value, y: ir.Value, t: ir.Value, geo: _Taps) -> ir.Value:
+    """MaxPool's tangent from the taps of its windows: see :func:`_max_pool_jvp`."""
+    dtype = x.dtype
+    assert dtype is not None
+    weights = em.const(_tap_kernel(geo.kernel, geo.channels, dtype))
+    padded = x
+    if any(geo.begin) or any(geo.end):
+        # The runtime pads with -inf: a tap in the padding must lose to every real element.
+        vector = em.ints([0, 0, *geo.begin, 0, 0, *geo.end])
+        lowest = em.scalar(float(np.finfo(dtype.numpy()).min), dtype)
+        padded = em.op("Pad", [x, vector, lowest])
+    values = geo.read(em, padded, weights, padded=True)
+    if em.opset < 16:
+        # The selected tap as a mask; the transpose is then a ConvTranspose (a gather's
+        # transpose before ScatterElements had ``reduction`` is a dense one-hot over the plane).
+        first = em.op("ArgMax", [values], {"axis": 2, "keepdims": 1})
+        positions = em.const(np.arange(geo.count, dtype=np.int64).reshape(geo.count, 1))
+        mask = em.op("Cast", [em.op("Equal", [first, positions])], {"to": dtype})
+        spread = geo.read(em, t, weights, padded=False)
+        picked = em.reduce_sum(em.op("Mul", [spread, mask]), [2], keepdims=False)
+        return em.op("Reshape", [picked, em.shape(y)])
+    first = em.op("ArgMax", [values], {"axis": 2, "keepdims": 0})  # [N, C, outputs]
+    # The flat index (within one plane) of tap q of window o: base(o) + offset(q).
+    strides_in = [int(np.prod(geo.size_in[i + 1 :])) for i in range(len(geo.size_in))]
+    taps = np.indices(geo.kernel).reshape(len(geo.kernel), -1)
+    offsets = sum(
+        taps[i] * d * st
+        for i, (d, st) in enumerate(zip(geo.win.dilations, strides_in, strict=True))
+    )
+    outs = np.indices(geo.size_out).reshape(len(geo.size_out), -1)
+    base = sum(
+        (outs[i] * s - b) * st
+        for i, (s, b, st) in enumerate(zip(geo.win.strides, geo.begin, strides_in, strict=True))
+    )
+    index = em.op(
+        "Add",
+        [
+            em.op("Gather", [em.const(np.asarray(offsets, np.int64)), first]),
+            em.const(np.asarray(base, np.int64)),
+        ],
+    )
+    if any(geo.begin) or any(geo.end):
+        # Only a window of -inf (or NaN) loses to its padding; keep that index in range.
+        plane = int(np.prod(geo.size_in))
+        index = em.op("Max", [em.op("Min", [index, em.ints([plane - 1])]), em.ints([0])])
+    index.meta["onnax.nonnegative"] = True
+    flat = em.op("Reshape", [t, em.ints([0, 0, int(np.prod(geo.size_in))])])
+    picked = em.op("GatherElements", [flat, index], {"axis": 2})
+    return em.op("Reshape", [picked, em.shape(y)])
+
+
 def _max_pool_jvp(em: Emitter, node: ir.Node, tangents: Tangents) -> list[ir.Value | None]:
+    """MaxPool passes on the tangent of the element each window selected.
+
+    With static sizes and channel count, the selection is an ``ArgMax`` over the taps of each
+    window, read by one depthwise Conv with one-hot kernels from the input padded with the
+    lowest float (first of tied maxima, as the runtime's MaxPool): several times faster in
+    onnxruntime than a MaxPool with ``Indices``, whose kernel is a scalar loop. From opset 16
+    the tangent is a ``GatherElements`` at the selected flat index (its transpose a
+    ``ScatterElements`` with ``reduction="add"``); before, a mask product over the taps of the
+    tangent (its transpose a ConvTranspose). When the node computes row-major ``Indices``
+    anyway, or sizes are symbolic, or the type is double, the selection is read from the
+    ``Indices`` output (the node's, else a second MaxPool's).
+    """
     outs: list[ir.Value | None] = [None] * len(node.outputs)
     t = tangents[0]
     if t is None:
         return outs
     x, y, _ = _io(node)
-    if len(node.outputs) > 1 and int_attr(node, "storage_order", 0) == 0:
+    own = len(node.outputs) > 1 and int_attr(node, "storage_order", 0) == 0
+    geo = None if own else _taps_geometry(em, node, x)
+    if geo is not None:
+        outs[0] = _max_pool_taps_jvp(em, x, y, t, geo)
+        return outs
+    if own:
         indices = node.outputs[1]
     else:
         attrs = attributes_of(node, storage_order=None)
