@@ -230,17 +230,17 @@ def _abs(em: Emitter, node: ir.Node, x: ir.Value, y: ir.Value) -> ir.Value:
 def _relu_jvp(em: Emitter, node: ir.Node, tangents: Tangents) -> list[ir.Value | None]:
     # The coefficient is exactly 1 where y > 0 and 0 where y = 0. Reading the output rather than
     # the input matters: a second reader of the pre-activation would keep onnxruntime from
-    # fusing Relu into the MatMul/Gemm/Conv before it. Cast(Greater) is measured 2-3x faster
-    # than Sign in onnxruntime (vectorised comparison; Sign is a scalar loop), and a Where
-    # slower still.
+    # fusing Relu into the MatMul/Gemm/Conv before it. As y >= 0, y > 0 is y != 0: a Cast to
+    # bool and back, measured 5x faster than Sign in onnxruntime (a scalar loop) and faster
+    # than Cast(Greater); a Where is slower still.
     t, y = tangents[0], node.outputs[0]
     if t is None:
         return [None]
     dtype = y.dtype or t.dtype
     if dtype is None:
         return [em.op("Mul", [t, em.op("Sign", [y])])]
-    positive = em.op("Greater", [y, em.scalar(0.0, dtype)])
-    return [em.op("Mul", [t, em.op("Cast", [positive], {"to": dtype})])]
+    nonzero = em.op("Cast", [y], {"to": ir.DataType.BOOL})
+    return [em.op("Mul", [t, em.op("Cast", [nonzero], {"to": dtype})])]
 
 
 for _v in (6, 13, 14):
