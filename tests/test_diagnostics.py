@@ -130,3 +130,21 @@ def test_unsupported_opset_states_interval() -> None:
 def test_not_a_model() -> None:
     with pytest.raises(TypeError, match=r"onnx_ir\.Model"):
         onnax.jvp("model.onnx")  # type: ignore[arg-type]
+
+
+@pytest.mark.parametrize("transform", ["jvp", "vjp", "grad"])
+def test_refusal_of_a_jvp_rule_names_the_transform_called(transform: str) -> None:
+    # The refusal is raised by Dropout's jvp rule, which also serves vjp and grad.
+    model = ir.from_onnx_text(
+        '<ir_version: 8, opset_import: ["" : 13]>\n'
+        "g (float[4] x, bool t) => (float y) {\n"
+        "  r = Constant<value = float {0.5}>()\n"
+        "  d = Dropout(x, r, t)\n"
+        "  y = ReduceSum(d)\n"
+        "}"
+    )
+    with pytest.raises(onnax.errors.UnsupportedOperatorError) as info:
+        getattr(onnax, transform)(model, ["x"])
+    message = str(info.value)
+    assert message.startswith(f"{transform}: "), message
+    assert "::Dropout" in message and "training" in message, message

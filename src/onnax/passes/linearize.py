@@ -20,6 +20,7 @@ from onnax.core.diagnostics import check_active_node, missing_rule
 from onnax.core.registry import jvp_rules
 from onnax.core.selection import is_float
 from onnax.core.subgraphs import BodyHooks, ScopedEmitter, name_values, subgraph_reads
+from onnax.errors import UnsupportedOperatorError
 from onnax.passes.expand import expand
 from onnax.rules import collect
 
@@ -91,7 +92,15 @@ def linearize(
         lin.tangent[x] = t
         lin.tangent_of[t] = x
         lin.tangent_inputs.append(t)
-    linearize_graph(graph, lin, mode or _default_mode(transform))
+    try:
+        linearize_graph(graph, lin, mode or _default_mode(transform))
+    except UnsupportedOperatorError as err:
+        # jvp rules serve every transform that linearizes and name "jvp" in their refusals;
+        # the user called vjp or grad.
+        message = str(err)
+        if transform != "jvp" and message.startswith("jvp: "):
+            raise type(err)(f"{transform}: {message[5:]}") from None
+        raise
     name_values(model)
     return lin
 
