@@ -240,3 +240,33 @@ def test_reverse_mode_when_inference_loses_a_shape() -> None:
 
     check_vjp(m, feeds)
     check_adjoint(m, feeds)
+
+
+_SIDE_OUTPUT = """
+<ir_version: 8, opset_import: ["" : 17]>
+g (float[4, 3] x) => (float[4, 3] y, float s, seq(float[2, 3]) parts) {
+    y = Sin(x)
+    s = ReduceSum<keepdims = 0>(y)
+    two = Constant<value = int64[2] {2, 2}>()
+    parts = SplitToSequence(x, two)
+}
+"""
+
+
+@pytest.mark.parametrize("transform", ["jvp", "vjp", "grad"])
+def test_operators_no_selected_output_depends_on_do_not_block(transform: str) -> None:
+    # SplitToSequence has no derivative rule; it feeds only an output not differentiated.
+    model = ir.from_onnx_text(_SIDE_OUTPUT)
+    rng = np.random.default_rng(0)
+    x = rng.standard_normal((4, 3)).astype(np.float32)
+    t = rng.standard_normal((4, 3)).astype(np.float32)
+    if transform == "jvp":
+        out = run(onnax.jvp(model, ["x"], ["y"]), {"x": x, "fwd_x": t})
+        np.testing.assert_allclose(out["fwd_y"], np.cos(x) * t, rtol=1e-5)
+    elif transform == "vjp":
+        out = run(onnax.vjp(model, ["x"], ["y"]), {"x": x, "adj_y": t})
+        np.testing.assert_allclose(out["adj_x"], np.cos(x) * t, rtol=1e-5)
+    else:
+        out = run(onnax.grad(model, ["x"], output="s"), {"x": x})
+        np.testing.assert_allclose(out["grad_x"], np.cos(x), rtol=1e-5)
+    assert len(out["parts"]) == 2  # the sequence output is still computed

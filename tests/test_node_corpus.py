@@ -168,8 +168,7 @@ _OPERATOR = driver._OPERATOR
 REFUSED = {
     "test_cast_FLOAT_to_FLOAT16": ("jvp", "vjp"),
     "test_training_dropout": ("jvp", "vjp", "vmap"),
-    # Batched scalars (the band edges) or quantization scales have no batched form.
-    "test_melweightmatrix": ("vmap",),
+    # Batched quantization scales have no batched form.
     "test_qlinearmatmul_2D_uint8_float32": ("vmap",),
 }
 """Sample cases that must be refused (by the transforms listed), with a proper diagnostic."""

@@ -696,6 +696,13 @@ def tie_labels(x: np.ndarray, axis: int | None) -> np.ndarray:
     return np.moveaxis(labels.reshape(moved.shape), 0, axis)
 
 
+def _shape_of(value: Any) -> Any:
+    """The shape of an output; of a sequence, its elements' shapes (they may differ)."""
+    if isinstance(value, list):
+        return tuple(_shape_of(v) for v in value)
+    return np.shape(value)
+
+
 def _max_abs(arrays: Sequence[np.ndarray]) -> float:
     finite = [np.abs(a[np.isfinite(a)]) for a in (np.asarray(x, np.float64) for x in arrays)]
     return max((float(f.max()) for f in finite if f.size), default=0.0)
@@ -1270,11 +1277,11 @@ def _check_derivatives(
     if antialias:
         points.append(("scales off the antialiasing kink", _off_antialias_kink(feeds, antialias)))
     first_reason: dict[str, str] = {}
-    shapes = {k: np.shape(v) for k, v in first.items()}
+    shapes = {k: _shape_of(v) for k, v in first.items()}
     for label, point in points:
         if label:
             try:
-                moved = {k: np.shape(v) for k, v in _run(primal_sess, point).items()}
+                moved = {k: _shape_of(v) for k, v in _run(primal_sess, point).items()}
             except Exception:
                 continue  # the perturbation left the operator's domain (Upsample's scales < 1)
             if moved != shapes:

@@ -784,9 +784,44 @@ def test_vmap_qlinear_conv() -> None:
         onnax.vmap(model, in_axes=(None, 0))
 
 
-def test_vmap_mel_weight_matrix_is_refused() -> None:
-    text, _ = PIECEWISE_CONSTANT["mel_weight_matrix"]
-    with pytest.raises(
-        UnsupportedOperatorError, match=r"(?s)ai\.onnx::MelWeightMatrix.*'lo'.*one matrix.*Remedy"
-    ):
-        onnax.vmap(_ml_model(text), in_axes=(0, None))
+@pytest.mark.parametrize(
+    ("n_mel", "dft", "rates", "out_type"),
+    [(8, 16, (8192,), 1), (13, 256, (16000, 22050), 11), (5, 64, (8000, 16000), 7)],
+)
+def test_vmap_mel_weight_matrix(
+    n_mel: int, dft: int, rates: tuple[int, ...], out_type: int
+) -> None:
+    # Batched band edges and sample rates move the filters between integer bins: one matrix per
+    # example, equal to the kernel's (exactly, integer output included). Float edges only:
+    # onnxruntime has no kernel for double ones.
+    model = _ml_model(
+        "g (int64 n, int64 d, int64 r, float lo, float hi) => (W) {\n"
+        f" W = MelWeightMatrix<output_datatype = {out_type}>(n, d, r, lo, hi) }}",
+        opset=17,
+    )
+    rng = np.random.default_rng(n_mel)
+    batch = 6
+    rate = rng.choice(rates, batch).astype(np.int64)
+    lo = (rng.uniform(0.0, 0.2, batch) * rate).astype(np.float32)
+    hi = (rng.uniform(0.25, 0.49, batch) * rate).astype(np.float32)
+    shared = {"n": np.array(n_mel, np.int64), "d": np.array(dft, np.int64)}
+    want = np.stack(
+        [
+            run(model, {**shared, "r": rate[b, ...], "lo": lo[b, ...], "hi": hi[b, ...]})["W"]
+            for b in range(batch)
+        ]
+    )
+    vm = onnax.vmap(model, in_axes={"r": 0, "lo": 0, "hi": 0})
+    check_model_valid(vm)
+    got = run(vm, {**shared, "r": rate, "lo": lo, "hi": hi})["W"]
+    assert got.dtype == want.dtype and got.shape == want.shape
+    np.testing.assert_array_equal(got, want)
+    # The matrix is not constant over the batch: the test sees filters move.
+    assert any(not np.array_equal(want[0], w) for w in want[1:])
+    # num_mel_bins and dft_length set the matrix's shape: refused.
+    for name in ("n", "d"):
+        with pytest.raises(
+            UnsupportedOperatorError,
+            match=rf"(?s)ai\.onnx::MelWeightMatrix.*'{name}'.*shape of the weight matrix.*Remedy",
+        ):
+            onnax.vmap(model, in_axes={name: 0, "lo": 0})

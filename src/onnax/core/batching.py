@@ -7,7 +7,8 @@ ones. A rule therefore only needs the unbatched shapes (from the original node) 
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Sequence
+import itertools
+from collections.abc import Callable, Sequence
 from typing import Protocol
 
 import onnx_ir as ir
@@ -23,6 +24,7 @@ __all__ = [
     "Walker",
     "detach",
     "input_name",
+    "is_sequence",
     "refuse_batched",
     "shift_axes",
 ]
@@ -156,13 +158,92 @@ class Batcher(Emitter):
         )
 
     def materialize(self, arg: ir.Value, batched: bool, original: ir.Value) -> ir.Value:
-        """``arg`` with a batch dimension at 0: broadcast along it when it is not batched."""
+        """``arg`` with a batch dimension at 0: broadcast along it when it is not batched.
+
+        A sequence is batched element by element (every element gets the batch axis at 0).
+        """
         if batched:
             return arg
+        if is_sequence(original) or is_sequence(arg):
+            return self._materialize_sequence(arg, original)
         shape = self.op(
             "Concat", [self.batch_size, self.unbatched_shape(arg, False, original)], {"axis": 0}
         )
         return self.op("Expand", [self.unsqueeze(arg, [0]), shape])
+
+    def _materialize_sequence(self, arg: ir.Value, original: ir.Value) -> ir.Value:
+        # An empty sequence is batched as it is: it has no element to broadcast.
+        producer = arg.producer()
+        if producer is not None and producer.op_type == "SequenceEmpty" and producer.domain == "":
+            return arg
+
+        def broadcast(bx: Batcher, x: ir.Value) -> ir.Value:
+            shape = bx.op("Concat", [bx.batch_size, bx.op("Shape", [x])], {"axis": 0})
+            return bx.op("Expand", [bx.unsqueeze(x, [0]), shape])
+
+        return self.map_sequence(arg, original, broadcast, "broadcast along the batch axis")
+
+    def map_sequence(
+        self,
+        seq: ir.Value,
+        original: ir.Value,
+        fn: Callable[[Batcher, ir.Value], ir.Value],
+        why: str,
+    ) -> ir.Value:
+        """A sequence holding ``fn`` of every element of ``seq``: a ``Loop`` over its elements.
+
+        ``fn`` emits through the batcher it gets (the loop body's). Elements may differ in shape,
+        so no tensor formulation serves every sequence; the loop needs sequence-valued
+        loop-carried values, which ``Loop`` has from opset 13 on.
+
+        Args:
+            seq: The sequence value to map over.
+            original: The original (unbatched) value, for its type and messages.
+            fn: ``(body batcher, element) -> new element``.
+            why: What the mapping is for, for messages ("to {why} the sequence 'name'").
+        """
+        if self.opset < 13:
+            raise UnsupportedOperatorError(
+                f"vmap: to {why} the sequence {original.name!r}, every element is rewritten in "
+                "a Loop carrying a sequence, which ONNX allows from opset "
+                f"13 on (the model has opset {self.opset}). Remedy: convert the model to opset 13 "
+                "or newer (onnx.version_converter.convert_version)."
+            )
+        seq_type = _sequence_type(original) or _sequence_type(seq)
+        if seq_type is None:
+            raise UnsupportedOperatorError(
+                f"vmap: to {why} the sequence {original.name!r}, its element type must be known, "
+                "and shape inference could not find it. Remedy: declare the types of the graph's "
+                "inputs and outputs."
+            )
+        elem = seq_type.elem_type
+        body = self.child()
+        k = next(_SEQUENCE_LOOPS)
+        i = ir.Value(
+            name=f"vmap_seqloop{k}_i", type=ir.TensorType(ir.DataType.INT64), shape=ir.Shape([])
+        )
+        cond = ir.Value(
+            name=f"vmap_seqloop{k}_cond", type=ir.TensorType(ir.DataType.BOOL), shape=ir.Shape([])
+        )
+        acc = ir.Value(name=f"vmap_seqloop{k}_acc", type=seq_type)
+        y = fn(body, body.op("SequenceAt", [seq, i]))
+        out = body.op("SequenceInsert", [acc, y])
+        cond_out = body.op("Identity", [cond])
+        nodes = body.take()
+        cond_out.type, out.type = cond.type, seq_type
+        graph = ir.Graph(
+            [i, cond, acc],
+            [cond_out, out],
+            nodes=nodes,
+            opset_imports={"": self.opset},
+            name=f"vmap_seqloop{k}",
+        )
+        # onnx_ir numbers a new graph's values from val_0, which the outer graph hands out too.
+        for j, v in enumerate(v for n in nodes for v in n.outputs):
+            v.name = f"vmap_seqloop{k}_{j}"
+        empty = self.op("SequenceEmpty", [], {"dtype": int(elem.dtype)})
+        length = self.op("SequenceLength", [seq])
+        return self.op("Loop", [length, None, empty], {"body": graph})
 
     def align(self, arg: ir.Value, batched: bool, original: ir.Value, rank: int) -> ir.Value:
         """A batched ``arg`` reshaped to ``1 + rank`` dimensions for right-aligned broadcasting.
@@ -186,6 +267,52 @@ class Batcher(Emitter):
     def batched_shape(self, shape: ir.Value) -> ir.Value:
         """Prepends the batch size to a 1-D int64 shape value."""
         return self.op("Concat", [self.batch_size, shape], {"axis": 0})
+
+
+_SEQUENCE_LOOPS = itertools.count()
+"""Numbers the bodies of :meth:`Batcher.map_sequence` (their value names must be unique)."""
+
+
+_SEQUENCE_MAKERS = frozenset(
+    {
+        "SequenceConstruct",
+        "SequenceEmpty",
+        "SequenceInsert",
+        "SequenceErase",
+        "SplitToSequence",
+        "SequenceMap",
+    }
+)
+
+
+def is_sequence(value: ir.Value) -> bool:
+    """Whether ``value`` is sequence-typed (a batched sequence batches each element at 0).
+
+    A value that shape inference left untyped is recognised by the operator producing it.
+    """
+    if value.type is not None:
+        return isinstance(value.type, ir.SequenceType)
+    producer = value.producer()
+    return producer is not None and producer.domain == "" and producer.op_type in _SEQUENCE_MAKERS
+
+
+def _sequence_type(value: ir.Value) -> ir.SequenceType | None:
+    """The sequence type of ``value``, from its type or, when untyped, from its producer."""
+    if isinstance(value.type, ir.SequenceType):
+        return value.type
+    producer = value.producer()
+    if value.type is not None or producer is None or producer.domain != "":
+        return None
+    if producer.op_type == "SequenceEmpty":
+        dtype = producer.attributes.get_int("dtype", int(ir.DataType.FLOAT))
+        return ir.SequenceType(ir.TensorType(ir.DataType(dtype)))
+    element = {"SequenceConstruct": 0, "SequenceInsert": 1, "SplitToSequence": 0}.get(
+        producer.op_type
+    )
+    source = producer.inputs[element] if element is not None else None
+    if source is None or source.dtype is None:
+        return None
+    return ir.SequenceType(ir.TensorType(source.dtype))
 
 
 def detach(graph: ir.Graph) -> None:
@@ -251,10 +378,13 @@ class BatchedBody:
         """
         graph = self.graph
         placed: set[ir.Value] = set()
+        # Nodes emitted for the outputs (materialising ones) join the body below.
+        pending = set(self.bx.nodes)
         new_values = []
         for value, vtype, shape in outputs:
             producer = value.producer()
-            if producer is None or producer.graph is not graph or value in placed:
+            inside = producer is not None and (producer.graph is graph or producer in pending)
+            if not inside or value in placed:
                 value = self.bx.op("Identity", [value])
             placed.add(value)
             if vtype is not None:

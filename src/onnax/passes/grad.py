@@ -86,7 +86,7 @@ class GradPass(ir.passes.FunctionalPass):
         xs = select_inputs(graph, self.inputs, "grad")
         prefix = diff_prefix(io_names(graph), "grad")
         claims = NameClaims(model)
-        lin = linearize(model, xs, "grad")
+        lin = linearize(model, xs, "grad", outputs=[y])
         em = Emitter(lin.opset)
         seed = em.scalar(1.0, y)
         graph.extend(em.take())

@@ -47,7 +47,7 @@ class JvpPass(ir.passes.FunctionalPass):
         ys = select_outputs(graph, self.outputs, "jvp")
         prefix = diff_prefix(io_names(graph), "fwd")
         claims = NameClaims(model)
-        lin = linearize(model, xs, "jvp")
+        lin = linearize(model, xs, "jvp", outputs=ys)
         for x, t in zip(xs, lin.tangent_inputs, strict=True):
             claims.claim(t, prefix + x.name)  # type: ignore[operator]
         em = Emitter(lin.opset, lin.linear)

@@ -13,6 +13,7 @@ can see (its own inputs and the outer values it captures).
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Sequence
 
 import onnx_ir as ir
 
@@ -60,8 +61,25 @@ def _default_mode(transform: str) -> str:
     return "forward" if transform in ("jvp", "jacfwd") else "linearize"
 
 
+def needed_nodes(graph: ir.Graph, outputs: Sequence[ir.Value]) -> set[ir.Node]:
+    """The nodes of ``graph`` that ``outputs`` depend on (through subgraph captures too)."""
+    needed: set[ir.Node] = set()
+    stack = [v.producer() for v in outputs]
+    while stack:
+        node = stack.pop()
+        if node is None or node in needed or node.graph is not graph:
+            continue
+        needed.add(node)
+        stack.extend(v.producer() for v in (*node.inputs, *subgraph_reads(node)) if v is not None)
+    return needed
+
+
 def linearize(
-    model: ir.Model, inputs: list[ir.Value], transform: str, mode: str | None = None
+    model: ir.Model,
+    inputs: list[ir.Value],
+    transform: str,
+    mode: str | None = None,
+    outputs: Sequence[ir.Value] | None = None,
 ) -> Linearization:
     """Adds tangent inputs for ``inputs`` and the nodes computing every reachable tangent.
 
@@ -75,6 +93,9 @@ def linearize(
         mode: ``"forward"`` (control-flow nodes compute primal and tangent in one node) or
             ``"linearize"`` (reverse mode: the primal nodes stay and linear nodes are added
             beside them). Default: forward for jvp, linearize otherwise.
+        outputs: The outputs whose tangents are wanted (default: all). Nodes they do not
+            depend on are left alone: an operator without a rule there (a sequence operator
+            feeding another output, say) does not stop the transform.
 
     Raises:
         UnsupportedOperatorError: If an active path reaches an operator without a jvp rule.
@@ -93,7 +114,8 @@ def linearize(
         lin.tangent_of[t] = x
         lin.tangent_inputs.append(t)
     try:
-        linearize_graph(graph, lin, mode or _default_mode(transform))
+        needed = needed_nodes(graph, outputs) if outputs is not None else None
+        linearize_graph(graph, lin, mode or _default_mode(transform), needed)
     except UnsupportedOperatorError as err:
         # jvp rules serve every transform that linearizes and name "jvp" in their refusals;
         # the user called vjp or grad.
@@ -105,10 +127,13 @@ def linearize(
     return lin
 
 
-def linearize_graph(graph: ir.Graph, lin: Linearization, mode: str) -> None:
+def linearize_graph(
+    graph: ir.Graph, lin: Linearization, mode: str, needed: set[ir.Node] | None = None
+) -> None:
     """Linearizes ``graph`` in place, reading and extending ``lin`` (its tangent map is seeded).
 
-    Emitted linear nodes are appended to ``lin.linear_nodes``.
+    Emitted linear nodes are appended to ``lin.linear_nodes``. With ``needed``, only those
+    nodes are linearized.
     """
 
     def linearize_body(body: ir.Graph, seeds: dict[ir.Value, ir.Value]) -> Linearization:
@@ -135,6 +160,8 @@ def linearize_graph(graph: ir.Graph, lin: Linearization, mode: str) -> None:
     em = ScopedEmitter(lin.opset, lin.linear, hooks, lin.tangent)
     tangent = lin.tangent
     for node in list(graph):
+        if needed is not None and node not in needed:
+            continue
         tangents_in = [tangent.get(v) if v is not None else None for v in node.inputs]
         captured = [v for v in subgraph_reads(node) if v in tangent]
         if all(t is None for t in tangents_in) and not captured:

@@ -53,7 +53,7 @@ class VjpPass(ir.passes.FunctionalPass):
             seed = input_like(y)
             claims.claim(seed, f"{prefix}{y.name}")
             seeds.append((y, seed))
-        lin = linearize(model, xs, "vjp")
+        lin = linearize(model, xs, "vjp", outputs=ys)
         cts = transpose_linear(model, lin, seeds, xs)
         for _, seed in seeds:
             graph.inputs.append(seed)

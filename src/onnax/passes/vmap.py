@@ -17,9 +17,10 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 
+import numpy as np
 import onnx_ir as ir
 
-from onnax.core.batching import Batcher, RandomnessPolicy, detach
+from onnax.core.batching import Batcher, RandomnessPolicy, detach, is_sequence
 from onnax.core.diagnostics import RANDOM_OPS, node_label, op_label
 from onnax.core.gcpause import gc_paused
 from onnax.core.registry import batch_rules
@@ -30,6 +31,7 @@ from onnax.passes.cleanup import cleanup
 from onnax.passes.expand import expand
 from onnax.passes.prepare import prepare
 from onnax.rules import collect
+from onnax.rules.sequence import element_shapes
 
 __all__ = ["AxisSpec", "VmapPass"]
 
@@ -66,6 +68,9 @@ def _check_axis(axis: int | None, value: ir.Value, what: str, extra: int = 0) ->
             f"vmap: the {what} axis of {value.name!r} must be an int or None, got {axis!r}"
         )
     rank = value.shape.rank() if value.shape is not None else None
+    if rank is None and axis == 0:
+        # Axis 0 needs no rank: a sequence of tensors of unknown shape, say.
+        return 0
     if rank is None:
         raise SelectionError(
             f"vmap: the rank of {what} {value.name!r} is unknown; give the model a typed {what}"
@@ -78,6 +83,20 @@ def _check_axis(axis: int | None, value: ir.Value, what: str, extra: int = 0) ->
             f"must be in [{-size}, {size - 1}]."
         )
     return axis % size
+
+
+def _move_axis(
+    bx: Batcher, value: ir.Value, original: ir.Value, source: int, destination: int, rank: int
+) -> ir.Value:
+    """Moves an axis of a tensor, or of every element of a sequence (in a Loop)."""
+    if source == destination or not is_sequence(original):
+        return bx.move_axis(value, source, destination, rank)
+    return bx.map_sequence(
+        value,
+        original,
+        lambda body, element: body.move_axis(element, source, destination, rank),
+        f"move the batch axis ({source} -> {destination}) of every element of",
+    )
 
 
 def _batch_dim_name(model: ir.Model) -> str:
@@ -155,6 +174,7 @@ class VmapPass(ir.passes.FunctionalPass):
             )
         mapped = [v for v, a in zip(inputs, in_axes, strict=True) if a is not None]
         expand(model, mapped, batch_rules, "vmap")  # operators without a batch rule
+        element_shapes(model)  # ranks that shape inference leaves out, for the batch rules
         outputs = list(graph.outputs)
         out_axes = _resolve_axes(self.out_axes, outputs, "out_axes")
         opset = model.opset_imports[""]
@@ -171,12 +191,16 @@ class VmapPass(ir.passes.FunctionalPass):
                 continue
             in_dims = list(x.shape.dims) if x.shape is not None else []
             in_dims.insert(axis, dim)
-            new = ir.Value(name=x.name, type=x.type, shape=ir.Shape(in_dims))
+            # An input of unknown rank (axis 0 only) stays of unknown shape.
+            in_shape = ir.Shape(in_dims) if x.shape is not None else None
+            new = ir.Value(name=x.name, type=x.type, shape=in_shape)
             # The original keeps its name for messages; it leaves the graph with its consumers.
             graph.inputs[i] = new
-            if first_batched is None:
+            # The batch size is read off a tensor input when there is one: a sequence has it
+            # in every element, and has none when it is empty.
+            if first_batched is None or (is_sequence(first_batched[0]) and not is_sequence(new)):
                 first_batched = (new, axis)
-            moved = bx.move_axis(new, axis, 0, len(in_dims))
+            moved = _move_axis(bx, new, x, axis, 0, len(in_dims))
             env[x] = moved
             batched.add(moved)
         assert first_batched is not None
@@ -184,6 +208,8 @@ class VmapPass(ir.passes.FunctionalPass):
             bx.batch_size = bx.ints([self.axis_size])
         else:
             source, axis = first_batched
+            if is_sequence(source):
+                source = bx.op("SequenceAt", [source, bx.const(np.array(0, np.int64))])
             bx.batch_size = bx.slice(bx.op("Shape", [source]), [axis], [axis + 1], [0])
         entry = bx.take()
         if entry:
@@ -210,9 +236,10 @@ class VmapPass(ir.passes.FunctionalPass):
                 assert axis is not None
                 if not is_batched:
                     new = bx.materialize(new, False, y)
-                new = bx.move_axis(new, 0, axis, rank)
-                dims = list(y.shape.dims) if y.shape is not None else []
-                dims.insert(axis, dim)
+                new = _move_axis(bx, new, y, 0, axis, rank)
+                dims = list(y.shape.dims) if y.shape is not None else None
+                if dims is not None:
+                    dims.insert(axis, dim)
             if new is y or new.is_graph_input() or new.is_graph_output():
                 new = bx.op("Identity", [new])
             graph.extend(bx.take())

@@ -37,6 +37,7 @@ FAMILIES = (
     "recurrent",
     "control_flow",
     "control_flow_batch",
+    "sequence",
 )
 
 _collected = False

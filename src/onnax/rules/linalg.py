@@ -625,6 +625,14 @@ def _matmul_batch(
     a, b = args
     assert a is not None and b is not None
     fa, fb = batched[0], batched[1]
+    other = node.inputs[1]
+    unknown = node.inputs[0] is not None and node.inputs[0].shape is None
+    small = other is not None and other.shape is not None and other.shape.rank() <= 2
+    if fa and not fb and unknown and small:
+        # A batched operand of unknown rank against a shared vector or matrix: the batch axis
+        # can only land among its own leading dimensions, whatever its rank (a 1-D example
+        # becomes a row of the stack, and the result drops that axis alike).
+        return [bx.op("MatMul", [a, b])], [True]
     ra, rb = _batch_rank(node, 0), _batch_rank(node, 1)
     # A stack of vectors against one shared matrix is one matrix product with the batch as its
     # rows: no lifting, so onnxruntime can still fuse a following Add/activation into a Gemm.

@@ -188,8 +188,8 @@ class _Taps:
         """
         win = self.win
         if padded:
-            zero = [0] * (self.rank - 2)
-            win = dataclasses.replace(win, begin=zero, end=zero)
+            zero: list[Param] = [0] * (self.rank - 2)
+            win = dataclasses.replace(win, begin=zero, end=list(zero))
         taps = correlate(em, z, weights, win, self.channels, self.rank)
         plane = int(np.prod(self.size_out))
         return em.op("Reshape", [taps, em.ints([0, self.channels, self.count, plane])])

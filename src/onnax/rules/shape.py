@@ -400,11 +400,12 @@ def _transpose_batch(
     bx: Batcher, node: ir.Node, args: Args, batched: Sequence[bool]
 ) -> BatchResult:
     """The batch axis stays first: ``perm' = [0] + [p + 1 for p in perm]``."""
-    r = bx.rank(original_input(node))
     perm = ints_attr(node, "perm")
     if perm is None:
+        r = bx.rank(original_input(node))
         perm = list(range(r - 1, -1, -1))
-    new_perm = [0, *shift_axes(perm, r)]
+    # perm lists every axis, so its length is the rank (unknown after a Squeeze without axes).
+    new_perm = [0, *shift_axes(perm, len(perm))]
     return [bx.op("Transpose", [batch_data(args)], {"perm": new_perm})], [True]
 
 
@@ -484,10 +485,13 @@ def _unsqueeze_batch(
     """
     refuse_batched(bx, node, args, batched, {1: "axes"})
     x, original = batch_data(args), original_input(node)
-    r = bx.rank(original)
     axes = ints_param(node, "axes", 1)
     if axes is None:
         raise InternalRuleError(f"{op_label(node)} ({node_label(node)}) has no axes")
+    if not isinstance(axes, ir.Value) and all(a >= 0 for a in axes):
+        # Non-negative axes shift without the rank (unknown after a Squeeze without axes).
+        return [bx.unsqueeze(x, [a + 1 for a in axes])], [True]
+    r = bx.rank(original)
     if not isinstance(axes, ir.Value):
         return [bx.unsqueeze(x, shift_axes(axes, r + len(axes)))], [True]
     n = _vector_length(axes)
@@ -540,11 +544,15 @@ _register("Concat", (4, 11, 13), _concat_jvp, _concat_transpose)
 
 def _concat_batch(bx: Batcher, node: ir.Node, args: Args, batched: Sequence[bool]) -> BatchResult:
     """Concat along the shifted axis; shared inputs are broadcast along the batch axis first."""
-    known = [v for v in (*node.inputs, node.outputs[0]) if v is not None and v.shape is not None]
-    if not known:
-        raise InternalRuleError(f"vmap: the rank of {op_label(node)}'s inputs is unknown")
-    r = bx.rank(known[0])
-    axis = shift_axes([int_attr(node, "axis", 0)], r)[0]
+    axis = int_attr(node, "axis", 0)
+    if axis >= 0:
+        # A non-negative axis shifts without the rank (unknown after a Squeeze without axes).
+        axis += 1
+    else:
+        known = [
+            v for v in (*node.inputs, node.outputs[0]) if v is not None and v.shape is not None
+        ]
+        axis = shift_axes([axis], bx.rank(known[0] if known else node.outputs[0]))[0]
     parts = [
         bx.materialize(a, b, v)
         for a, b, v in zip(args, batched, node.inputs, strict=True)

@@ -9,8 +9,9 @@ A float output of such an operator that is a graph output gets a materialised ze
 Also zero: BitCast (from FLOAT/DOUBLE it yields integers), QLinearMatMul and QLinearConv
 (integer results; their float inputs are scales), MelWeightMatrix (its filters sit at integer
 bins computed from the band edges), and ai.onnx.ml::Binarizer and ai.onnx.ml::TreeEnsemble
-(piecewise constant in their input); vmap applies BitCast and Binarizer elementwise and folds
-the batch into TreeEnsemble's rows.
+(piecewise constant in their input); vmap applies BitCast and Binarizer elementwise, folds
+the batch into TreeEnsemble's rows, and builds one MelWeightMatrix per example from batched band
+edges (its filters written out with Where, as onnxruntime's kernel places them).
 
 OneHot is piecewise constant in its indices and depth but linear in its ``values`` input (the
 off/on pair), so it has a real rule here.
@@ -569,13 +570,125 @@ def _qlinear_conv_batch(
 def _mel_weight_matrix_batch(
     bx: Batcher, node: ir.Node, args: Args, batched: Sequence[bool]
 ) -> BatchResult:
-    """Refused: its scalar inputs each set the whole matrix, and no operator builds several."""
+    """MelWeightMatrix with batched band edges or sample rate: one matrix per example.
+
+    ``num_mel_bins`` and ``dft_length`` set the matrix's shape and must be shared. The other
+    inputs only move the filters, so the matrices of all examples are built at once, following
+    onnxruntime's kernel step by step (:func:`_mel_bins`, :func:`_mel_filters`). The kernel's
+    range checks of the band edges are not repeated.
+    """
     why = (
-        "its scalar inputs set the whole weight matrix, and MelWeightMatrix builds one matrix "
-        "per call (a batch would need one call per example)"
+        "it sets the shape of the weight matrix ([dft_length / 2 + 1, num_mel_bins]), so each "
+        "example could get a matrix of a different shape"
     )
-    _refuse_batched_parameters(bx, node, batched, (), why)
-    raise InternalRuleError("MelWeightMatrix batch rule called without a batched input")
+    _refuse_batched_parameters(bx, node, batched, (2, 3, 4), why)
+    i64 = int(ir.DataType.INT64)
+    n_mel, dft, rate, lower, upper = (
+        bx.op("Reshape", [bx.op("Cast", [_arg(args, i)], {"to": i64}), bx.ints([])])
+        if i < 2
+        else _arg(args, i)
+        for i in range(5)
+    )
+    bins = _mel_bins(bx, n_mel, dft, rate, lower, upper)
+    out_type = ir.DataType(node.attributes.get_int("output_datatype", int(ir.DataType.FLOAT)))
+    return [_mel_filters(bx, bins, n_mel, dft, out_type)], [True]
+
+
+def _mel_bins(
+    bx: Batcher, n_mel: ir.Value, dft: ir.Value, rate: ir.Value, lower: ir.Value, upper: ir.Value
+) -> ir.Value:
+    """The DFT bins ``[B, num_mel_bins + 2]`` of the filters' corners, as the kernel finds them.
+
+    The kernel reads the edges as float and computes in double: ``num_mel_bins + 2`` points
+    evenly spaced on the mel scale (``2595 log10(1 + hz / 700)``) from the lower edge, by
+    ``(high - low) / (num_mel_bins + 2)``, back to hertz and to the bin
+    ``floor((dft_length + 1) * hz / sample_rate)``.
+    """
+    f64 = ir.DataType.DOUBLE
+
+    def num(v: float) -> ir.Value:
+        return bx.scalar(v, f64)
+
+    def per_example(value: ir.Value, through: ir.DataType | None = None) -> ir.Value:
+        # [B, 1] when batched, [1, 1] when shared: broadcasts against the points [M + 2].
+        if through is not None:
+            value = bx.op("Cast", [value], {"to": int(through)})
+        return bx.op("Reshape", [bx.op("Cast", [value], {"to": int(f64)}), bx.ints([-1, 1])])
+
+    def to_mel(hz: ir.Value) -> ir.Value:
+        ratio = bx.op("Add", [num(1.0), bx.op("Div", [hz, num(700.0)])])
+        log10 = bx.op("Div", [bx.op("Log", [ratio]), num(float(np.log(10.0)))])
+        return bx.op("Mul", [num(2595.0), log10])
+
+    low = to_mel(per_example(lower, ir.DataType.FLOAT))
+    high = to_mel(per_example(upper, ir.DataType.FLOAT))
+    count = bx.op("Add", [n_mel, bx.const(np.array(2, np.int64))])
+    step = bx.op("Div", [bx.op("Sub", [high, low]), bx.op("Cast", [count], {"to": int(f64)})])
+    points = bx.op("Cast", [_arange(bx, count)], {"to": int(f64)})
+    mel = bx.op("Add", [low, bx.op("Mul", [step, points])])
+    power = bx.op("Pow", [num(10.0), bx.op("Div", [mel, num(2595.0)])])
+    hz = bx.op("Mul", [num(700.0), bx.op("Sub", [power, num(1.0)])])
+    size = bx.op("Cast", [bx.op("Add", [dft, bx.const(np.array(1, np.int64))])], {"to": int(f64)})
+    position = bx.op("Div", [bx.op("Mul", [size, hz]), per_example(rate)])
+    return bx.op("Cast", [bx.op("Floor", [position])], {"to": int(ir.DataType.INT64)})
+
+
+def _arange(bx: Batcher, stop: ir.Value) -> ir.Value:
+    """``Range(0, stop, 1)`` for a rank-0 int64 ``stop``."""
+    zero, one = bx.const(np.array(0, np.int64)), bx.const(np.array(1, np.int64))
+    return bx.op("Range", [zero, stop, one])
+
+
+def _mel_filters(
+    bx: Batcher, bins: ir.Value, n_mel: ir.Value, dft: ir.Value, out_type: ir.DataType
+) -> ir.Value:
+    """The weights ``[B, dft_length / 2 + 1, num_mel_bins]`` of the filters with corners ``bins``.
+
+    Filter ``m`` rises from bin ``m`` to bin ``m + 1`` ((j - left) / (center - left), a single 1
+    when they coincide) and falls to bin ``m + 2`` ((right - j) / (right - center), written
+    last, as the kernel does), in the output type (integer division for integer outputs).
+    """
+    stop = bx.op("Reshape", [n_mel, bx.ints([1])])
+
+    def corner(offset: int) -> ir.Value:
+        end = bx.op("Add", [stop, bx.ints([offset])])
+        return bx.unsqueeze(bx.slice(bins, bx.ints([offset]), end, [1]), [1])  # [B, 1, M]
+
+    left, center, right = corner(0), corner(1), corner(2)
+    width = bx.op("Add", [bx.op("Div", [dft, bx.const(np.array(2, np.int64))]), bx.ints([1])])
+    j = bx.op("Reshape", [_arange(bx, bx.squeeze(width, [0])), bx.ints([1, -1, 1])])
+    floating = out_type in (ir.DataType.FLOAT, ir.DataType.DOUBLE)
+    compute = out_type if floating else ir.DataType.INT64
+    zero = bx.const(np.array(0, np.int64))
+    rise, fall = bx.op("Sub", [center, left]), bx.op("Sub", [right, center])
+
+    def ratio(numerator: ir.Value, denominator: ir.Value) -> ir.Value:
+        # A zero denominator only where the mask discards the ratio.
+        safe = bx.op("Max", [denominator, bx.const(np.array(1, np.int64))])
+        if not floating:
+            return bx.op("Div", [numerator, safe])
+        return bx.op("Div", [bx.op("Cast", [v], {"to": int(compute)}) for v in (numerator, safe)])
+
+    def all_of(*conditions: ir.Value) -> ir.Value:
+        out = conditions[0]
+        for c in conditions[1:]:
+            out = bx.op("And", [out, c])
+        return out
+
+    rising = all_of(
+        bx.op("Greater", [rise, zero]),
+        bx.op("LessOrEqual", [left, j]),
+        bx.op("LessOrEqual", [j, center]),
+    )
+    peak = all_of(bx.op("Equal", [rise, zero]), bx.op("Equal", [j, center]))
+    falling = all_of(
+        bx.op("Greater", [fall, zero]), bx.op("LessOrEqual", [center, j]), bx.op("Less", [j, right])
+    )
+    kind = compute.numpy()
+    out = bx.op("Where", [peak, bx.const(np.array(1, kind)), bx.const(np.array(0, kind))])
+    out = bx.op("Where", [rising, ratio(bx.op("Sub", [j, left]), rise), out])
+    out = bx.op("Where", [falling, ratio(bx.op("Sub", [right, j]), fall), out])
+    return out if out_type == compute else bx.op("Cast", [out], {"to": int(out_type)})
 
 
 for _v in (10, 21):

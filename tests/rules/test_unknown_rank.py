@@ -1,0 +1,68 @@
+"""vmap through values whose rank shape inference cannot know.
+
+A ``Squeeze`` without axes of a value with run-time dimensions (here a ``Reshape`` to a shape
+input) has a rank only the run time knows: which dimensions are 1? The ONNX function body of
+AffineGrid does this. The batch rules that need no rank then must not ask for one: ``Unsqueeze``
+with non-negative axes, ``Concat`` along a non-negative axis, ``Transpose`` with a ``perm``
+(its length is the rank) and ``MatMul`` of a batched operand of unknown rank with a shared
+matrix or vector. Oracle: vmap against a loop of single onnxruntime runs (tests/oracles.py), float
+and double, at opsets 13, 21 and 25 (before 13 a Squeeze without axes of run-time dimensions is
+refused: it would need its axes as an input).
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import onnx_ir as ir
+import pytest
+
+import onnax
+from onnax.errors import UnsupportedOperatorError
+from oracles import check_vmap
+
+TEXT = """
+g ({T}[6] x, int64[3] s, {T}[2, 4] w) => ({T} y) {
+    r = Reshape (x, s)
+    sq = Squeeze (r)
+    one = Constant <value_ints = [1]> ()
+    u = Unsqueeze (sq, one)
+    c = Concat <axis = 1> (u, u)
+    t = Transpose <perm = [0, 2, 1]> (c)
+    y = MatMul (t, w)
+}
+"""
+
+
+def _model(dtype: str, opset: int) -> ir.Model:
+    text = TEXT.replace("{T}", dtype)
+    return ir.from_onnx_text(f'<ir_version: 10, opset_import: ["" : {opset}]>\n{text}')
+
+
+def _feeds(dtype: str) -> dict[str, np.ndarray]:
+    rng = np.random.default_rng(0)
+    np_dtype = np.float32 if dtype == "float" else np.float64
+    return {
+        "x": rng.standard_normal((6,)).astype(np_dtype),
+        "s": np.array([2, 1, 3], np.int64),
+        "w": rng.standard_normal((2, 4)).astype(np_dtype),
+    }
+
+
+@pytest.mark.parametrize("opset", [13, 21, 25])
+@pytest.mark.parametrize("dtype", ["float", "double"])
+def test_vmap_through_unknown_rank(dtype: str, opset: int) -> None:
+    model = _model(dtype, opset)
+    feeds = _feeds(dtype)
+    for in_axes in ((0, None, None), (1, None, None)):
+        check_vmap(model, feeds, in_axes=in_axes)
+
+
+def test_matmul_with_a_batched_matrix_needs_the_rank_of_the_other() -> None:
+    # A shared operand of unknown rank against a batched matrix: whether its leading dimensions
+    # line up with the batch axis depends on its rank, so the rule asks for it.
+    model = _model("float", 13)
+    with pytest.raises(UnsupportedOperatorError) as err:
+        onnax.vmap(model, in_axes=(None, None, 0))
+    message = str(err.value)
+    assert "ai.onnx::MatMul" in message and "rank of its input 0 't'" in message
+    assert "Remedy" in message
