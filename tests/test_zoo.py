@@ -38,6 +38,14 @@ TOL = tolerances(np.dtype(np.float32))
 # million-unit first layer has switches within 1e-6. Rounding costs ~1e-16 / eps relative.
 EPS = 1e-8
 EPS_GRAD = 1e-10
+# Models whose H v at the test point is not a continuous function at float32 resolution: on
+# vgg19 the exact (float64 twin) H v moves by 0.3% when the image moves by 1e-7 relative noise
+# and by 7.4% at 1e-6 (ReLU and max-pool switches in a piecewise-linear net change the
+# Hessian), so any float32 computation lands 7.4% off the float64 value: the float32 model's
+# H v and the twin's computed in float32 (other operators) agree to 0.2% and are both 7.4% off
+# (measured). There the float32 result is checked against the twin at equal precision and the
+# twin's H v against differences in float64.
+FLOAT32_UNSTABLE_HV = {"vgg19"}
 
 
 class Twin:
@@ -182,7 +190,29 @@ def check_jvp_of_grad(name: str) -> None:
         return outs[f"grad_{image}"]
 
     fd = (grad_at(1.0) - grad_at(-1.0)) / (2 * EPS_GRAD)
-    vector_close(got, fd, f"{name}: H v")
+    if name not in FLOAT32_UNSTABLE_HV:
+        vector_close(got, fd, f"{name}: H v")
+        return
+    # H v itself jumps under float32 rounding here (FLOAT32_UNSTABLE_HV): the twin's H v by the
+    # same transforms agrees with the differences in float64, and the model agrees with the
+    # twin computed in float32, where the same units switch.
+    twin_hv = onnax.jvp(twin_grad, [image], [f"grad_{image}"])
+    hv = session(twin_hv)
+    feeds64 = {image: feeds[image].astype(np.float64), f"fwd_{image}": v}
+    names = [o.name for o in hv.get_outputs()]
+    out = dict(zip(names, hv.run(None, {**base, **feeds64}), strict=True))
+    vector_close(out[f"fwd_grad_{image}"], fd, f"{name}: H v of the twin in float64")
+    twin32 = zoo.float32_of(twin.model)
+    hv32 = session(
+        onnax.jvp(onnax.grad(twin32, [image], output="loss"), [image], [f"grad_{image}"])
+    )
+    weights32 = {k: w.astype(np.float32) for k, w in twin.weights.items()}
+    want = {i.name for i in hv32.get_inputs()}
+    feeds32 = {image: feeds[image], f"fwd_{image}": v.astype(np.float32)}
+    names = [o.name for o in hv32.get_outputs()]
+    runs = hv32.run(None, {**{k: w for k, w in weights32.items() if k in want}, **feeds32})
+    out32 = dict(zip(names, runs, strict=True))
+    vector_close(got, out32[f"fwd_grad_{image}"].astype(np.float64), f"{name}: H v in float32")
 
 
 def check_vmap_of_grad(name: str) -> None:
@@ -224,10 +254,6 @@ SLOW = {"bvlc_alexnet", "vgg19", "zfnet512"}
 
 def _marks(name: str, check: str) -> list[pytest.MarkDecorator]:
     marks = [pytest.mark.slow] if name in SLOW else []
-    if (name, check) == ("vgg19", "jvp_of_grad"):
-        # Open: |H v - FD| / |FD| = 0.526 / 7.117 (7.4%), the same at steps 1e-8 and 1e-10, while
-        # the eight other models pass and vgg19's grad, jvp and vmap(grad) pass.
-        marks.append(pytest.mark.xfail(reason="vgg19 H v off by 7% (unresolved)", strict=True))
     return marks
 
 

@@ -390,3 +390,27 @@ def float64_twin(model: ir.Model) -> ir.Model:
                     "value", ir.tensor(t.numpy().astype(np.float64))
                 )
     return twin
+
+
+def float32_of(twin: ir.Model) -> ir.Model:
+    """The float64 twin computed in float32: the twin's operators at the model's precision."""
+    model = ir.from_proto(ir.to_proto(twin))
+    graph = model.graph
+    for value in [*graph.inputs, *(o for n in graph for o in n.outputs), *graph.outputs]:
+        if value.dtype == ir.DataType.DOUBLE:
+            value.dtype = ir.DataType.FLOAT
+    for name, value in graph.initializers.items():
+        tensor = value.const_value
+        if tensor is not None and tensor.dtype == ir.DataType.DOUBLE:
+            value.const_value = ir.tensor(tensor.numpy().astype(np.float32), name=name)
+            value.dtype = ir.DataType.FLOAT
+    for node in graph:
+        if node.op_type == "Constant":
+            t = node.attributes["value"].as_tensor()
+            if t.dtype == ir.DataType.DOUBLE:
+                node.attributes["value"] = ir.AttrTensor(
+                    "value", ir.tensor(t.numpy().astype(np.float32))
+                )
+        if node.op_type == "Cast" and node.attributes.get_int("to") == ir.DataType.DOUBLE:
+            node.attributes["to"] = ir.AttrInt64("to", ir.DataType.FLOAT)
+    return model
