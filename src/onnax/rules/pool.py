@@ -195,6 +195,10 @@ class _Taps:
         return em.op("Reshape", [taps, em.ints([0, self.channels, self.count, plane])])
 
 
+_EXACT = float(2**24)
+"""Integers up to this are exact in float32: the flat indices computed in float stay below."""
+
+
 def _taps_geometry(em: Emitter, node: ir.Node, x: ir.Value) -> _Taps | None:
     channels = _channels(x)
     # FLOAT only: onnxruntime has no double Conv (the taps are read by one).
@@ -206,6 +210,8 @@ def _taps_geometry(em: Emitter, node: ir.Node, x: ir.Value) -> _Taps | None:
     if any(p is None for p in parts):
         return None
     size_in, size_out, kernel, begin, end = (p or [] for p in parts)
+    if int(np.prod(size_in)) >= _EXACT:
+        return None
     return _Taps(win, channels, size_in, size_out, kernel, begin, end, rank)
 
 
@@ -230,8 +236,12 @@ def _max_pool_taps_jvp(em: Emitter, x: ir.Value, y: ir.Value, t: ir.Value, geo: 
         spread = geo.read(em, t, weights, padded=False)
         picked = em.reduce_sum(em.op("Mul", [spread, mask]), [2], keepdims=False)
         return em.op("Reshape", [picked, em.shape(y)])
-    first = em.op("ArgMax", [values], {"axis": 2, "keepdims": 0})  # [N, C, outputs]
-    # The flat index (within one plane) of tap q of window o: base(o) + offset(q).
+    # The flat index (within one plane) of tap q of window o: base(o) + offset(q). Among the
+    # taps equal to the window's maximum (the primal output), the runtime picks the first in
+    # row-major order, which for the taps inside the input is the one of least flat index.
+    # Computed in float, exact below 2**24: min_q eq_q * (offset_q - 2**24) + 2**24 + base, with
+    # vectorised Equal/Mul/ReduceMin (measured: onnxruntime's ArgMax over the taps and a
+    # Gather of the offsets cost twice as much).
     strides_in = [int(np.prod(geo.size_in[i + 1 :])) for i in range(len(geo.size_in))]
     taps = np.indices(geo.kernel).reshape(len(geo.kernel), -1)
     offsets = sum(
@@ -243,17 +253,18 @@ def _max_pool_taps_jvp(em: Emitter, x: ir.Value, y: ir.Value, t: ir.Value, geo: 
         (outs[i] * s - b) * st
         for i, (s, b, st) in enumerate(zip(geo.win.strides, geo.begin, strides_in, strict=True))
     )
-    index = em.op(
-        "Add",
-        [
-            em.op("Gather", [em.const(np.asarray(offsets, np.int64)), first]),
-            em.const(np.asarray(base, np.int64)),
-        ],
-    )
-    if any(geo.begin) or any(geo.end):
-        # Only a window of -inf (or NaN) loses to its padding; keep that index in range.
-        plane = int(np.prod(geo.size_in))
-        index = em.op("Max", [em.op("Min", [index, em.ints([plane - 1])]), em.ints([0])])
+    np_dtype = dtype.numpy()
+    plane = int(np.prod(geo.size_in))
+    shifted = (np.asarray(offsets, np.float64) - _EXACT).reshape(geo.count, 1).astype(np_dtype)
+    maximum = em.op("Reshape", [y, em.ints([0, geo.channels, 1, int(np.prod(geo.size_out))])])
+    hits = em.op("Cast", [em.op("Equal", [values, maximum])], {"to": dtype})
+    least = em.reduce("ReduceMin", em.op("Mul", [hits, em.const(shifted)]), [2], keepdims=False)
+    # Two additions: base + 2**24 would round (odd integers above 2**24 are not float32).
+    first = em.op("Add", [least, em.scalar(_EXACT, dtype)])
+    where = em.op("Add", [first, em.const(np.asarray(base, np.float64).astype(np_dtype))])
+    # A window of NaN has no tap equal to its maximum: keep its index in range.
+    where = em.op("Max", [em.op("Min", [where, em.scalar(plane - 1, dtype)]), em.scalar(0, dtype)])
+    index = em.op("Cast", [where], {"to": ir.DataType.INT64})
     index.meta["onnax.nonnegative"] = True
     flat = em.op("Reshape", [t, em.ints([0, 0, int(np.prod(geo.size_in))])])
     picked = em.op("GatherElements", [flat, index], {"axis": 2})
@@ -263,15 +274,18 @@ def _max_pool_taps_jvp(em: Emitter, x: ir.Value, y: ir.Value, t: ir.Value, geo: 
 def _max_pool_jvp(em: Emitter, node: ir.Node, tangents: Tangents) -> list[ir.Value | None]:
     """MaxPool passes on the tangent of the element each window selected.
 
-    With static sizes and channel count, the selection is an ``ArgMax`` over the taps of each
-    window, read by one depthwise Conv with one-hot kernels from the input padded with the
-    lowest float (first of tied maxima, as the runtime's MaxPool): several times faster in
-    onnxruntime than a MaxPool with ``Indices``, whose kernel is a scalar loop. From opset 16
-    the tangent is a ``GatherElements`` at the selected flat index (its transpose a
-    ``ScatterElements`` with ``reduction="add"``); before, a mask product over the taps of the
-    tangent (its transpose a ConvTranspose). When the node computes row-major ``Indices``
-    anyway, or sizes are symbolic, or the type is double, the selection is read from the
-    ``Indices`` output (the node's, else a second MaxPool's).
+    With static sizes (planes below 2**24 elements) and channel count, the taps of every
+    window are read by one depthwise Conv with one-hot kernels from the input padded with the
+    lowest float, which is several times faster in onnxruntime than a MaxPool with
+    ``Indices`` (a scalar loop). From opset 16 the selected element is the tap equal to the
+    output of least flat index (the first of tied maxima in row-major order, as the runtime's
+    MaxPool picks), found with Equal/Mul/ReduceMin in float, and the tangent is a
+    ``GatherElements`` there (its transpose a ``ScatterElements`` with ``reduction="add"``).
+    Before 16, an ``ArgMax`` over the taps gives a mask, and the tangent is the masked taps of
+    the tangent summed (its transpose a ConvTranspose: a gather's transpose is a dense one-hot
+    over the plane before ScatterElements had ``reduction``). When the node computes row-major
+    ``Indices`` anyway, or sizes are symbolic, or the type is double, the selection is read
+    from the ``Indices`` output (the node's, else a second MaxPool's).
     """
     outs: list[ir.Value | None] = [None] * len(node.outputs)
     t = tangents[0]
