@@ -8,7 +8,10 @@ bilinear, so central differences have no truncation error and only float roundin
 from __future__ import annotations
 
 import numpy as np
+import onnx
+import onnx_ir as ir
 import pytest
+from onnx import helper, numpy_helper
 
 import onnax
 from cases import Case, case_id, parametrize, run_case, run_vmap_case
@@ -366,3 +369,57 @@ def onnax_run(model: object, feeds: dict[str, np.ndarray]) -> list[np.ndarray]:
     sess = session(model)  # type: ignore[arg-type]
     wanted = {i.name for i in sess.get_inputs()}
     return sess.run(None, {k: v for k, v in feeds.items() if k in wanted})
+
+
+def _conv_bn_conv(group: int) -> ir.Model:
+    """Conv (``group``) -> BatchNormalization -> strided Conv, constant weights (no Relu
+    between: its kinks would spoil float32 differences)."""
+    rng = np.random.default_rng(7)
+    weights = {
+        "w1": rng.standard_normal((6, 4 // group, 3, 3)),
+        "s": rng.standard_normal(6),
+        "b": rng.standard_normal(6),
+        "m": rng.standard_normal(6),
+        "v": np.abs(rng.standard_normal(6)) + 0.5,
+        "w2": rng.standard_normal((5, 6, 3, 3)),
+    }
+    nodes = [
+        helper.make_node("Conv", ["x", "w1"], ["c1"], pads=[1, 1, 1, 1], group=group),
+        helper.make_node("BatchNormalization", ["c1", "s", "b", "m", "v"], ["n1"]),
+        helper.make_node("Conv", ["n1", "w2"], ["y"], strides=[2, 1]),
+    ]
+    graph = helper.make_graph(
+        nodes,
+        "g",
+        [helper.make_tensor_value_info("x", onnx.TensorProto.FLOAT, ["N", 4, 7, 6])],
+        [helper.make_tensor_value_info("y", onnx.TensorProto.FLOAT, ["N", 5, 3, 4])],
+        [numpy_helper.from_array(a.astype(np.float32), n) for n, a in weights.items()],
+    )
+    return ir.from_proto(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)]))
+
+
+@pytest.mark.parametrize("group", [1, 2])
+def test_batch_norm_factor_moves_into_the_conv_weight_in_reverse_mode(group: int) -> None:
+    """The cotangent is not scaled by BatchNormalization's factor before the Conv's transpose:
+    the factor multiplies the (constant) weight instead. Checked against differences."""
+    model = _conv_bn_conv(group)
+    feeds = {"x": np.random.default_rng(8).standard_normal((2, 4, 7, 6)).astype(np.float32)}
+    vm = check_vjp(model, feeds, ["x"])
+    check_adjoint(model, feeds, ["x"])
+    scaled_weights = [
+        n for n in vm.graph if n.op_type == "Mul" and any(i.name == "w1" for i in n.inputs)
+    ]
+    assert len(scaled_weights) == 1
+    gm = onnax.grad(_with_sum(model), ["x"])
+    assert any(n.op_type == "Mul" and any(i.name == "w1" for i in n.inputs) for n in gm.graph)
+
+
+def _with_sum(model: ir.Model) -> ir.Model:
+    y = model.graph.outputs[0]
+    total = ir.node("ReduceSum", [y], {"keepdims": 0})
+    model.graph.append(total)
+    total.outputs[0].name = "loss"
+    total.outputs[0].dtype = ir.DataType.FLOAT
+    total.outputs[0].shape = ir.Shape([])
+    model.graph.outputs.append(total.outputs[0])
+    return model

@@ -547,6 +547,67 @@ def _bias_cotangent(em: Emitter, ct: ir.Value, rank: int) -> ir.Value:
     return em.reduce_sum(ct, [0, *range(2, rank)], keepdims=False)
 
 
+def _from_constants(value: ir.Value, budget: int = 32) -> bool:
+    """Whether ``value`` is computed from constants and initializers only.
+
+    Within ``budget`` producers; the runtime then folds it once when the session loads.
+    """
+    seen: set[ir.Value] = set()
+    stack = [value]
+    while stack:
+        v = stack.pop()
+        if v in seen:
+            continue
+        seen.add(v)
+        if len(seen) > budget:
+            return False
+        if v.const_value is not None or v.is_initializer():
+            continue
+        node = v.producer()
+        if (
+            node is None
+            or node.op_type in ("If", "Loop", "Scan")
+            or any(node.op_type.startswith(r) for r in ("Random", "Bernoulli", "Multinomial"))
+        ):
+            return False
+        stack.extend(i for i in node.inputs if i is not None)
+    return True
+
+
+def _fold_channel_scale(em: Emitter, ct: ir.Value, w: ir.Value) -> tuple[ir.Value, ir.Value]:
+    """``(a, w * c)`` when ``ct = a * c`` with ``c`` one constant factor per output channel.
+
+    Reverse mode through ``Conv -> BatchNormalization`` (inference) scales the cotangent by
+    the normalisation's per-channel factor before the Conv's transpose; the factor moves into
+    the weight (``sum_m a[m] c[m] w[m] = sum_m a[m] (c[m] w[m])``), which onnxruntime folds
+    once when the session loads, and a pass over the whole cotangent disappears (it fuses a
+    ``Mul`` after a Conv itself, not before). Otherwise ``(ct, w)``.
+    """
+    mul = ct.producer()
+    w_dims = w.shape.dims if w.shape is not None else None
+    if mul is None or mul.op_type != "Mul" or mul.domain not in ("", "ai.onnx") or not w_dims:
+        return ct, w
+    channels = w_dims[0]
+    if not isinstance(channels, int):
+        return ct, w
+    for i in (0, 1):
+        c, a = mul.inputs[i], mul.inputs[1 - i]
+        if c is None or a is None or c.shape is None:
+            continue
+        dims = list(c.shape.dims)
+        if len(dims) == len(w_dims):
+            dims = dims[1:] if dims[:1] == [1] else []
+        if len(dims) != len(w_dims) - 1 or dims[0] != channels or any(d != 1 for d in dims[1:]):
+            continue
+        if not (_from_constants(c) and _from_constants(w)):
+            continue
+        factor = em.op("Reshape", [c, em.ints([channels, *[1] * (len(w_dims) - 1)])])
+        weight = em.op("Mul", [w, factor])
+        weight.dtype, weight.shape = w.dtype, w.shape.copy()
+        return a, weight
+    return ct, w
+
+
 def _conv_transpose(
     em: Emitter, node: ir.Node, cts: Tangents, linear: Sequence[bool]
 ) -> list[ir.Value | None]:
@@ -560,7 +621,8 @@ def _conv_transpose(
     if linear[0] or linear[1]:
         win = conv_window(em, node)
         if linear[0]:
-            results[0] = correlate_adjoint(em, ct, w, win, group, rank)
+            scaled, weight = _fold_channel_scale(em, ct, w)
+            results[0] = correlate_adjoint(em, scaled, weight, win, group, rank)
         if linear[1]:
             results[1] = weight_gradient(em, x, x, ct, win, group, rank)
     if len(linear) > 2 and linear[2]:

@@ -307,7 +307,13 @@ def _batch_norm_jvp(em: Emitter, node: ir.Node, tangents: Tangents) -> list[ir.V
     a = em.op("Mul", [scale, inv])
     full: list[ir.Value | None] = []
     if tx is not None:
-        full.append(em.op("Mul", [tx, _per_channel(em, a, rank)]))
+        factor = _per_channel(em, a, rank)
+        channels = node.inputs[1].shape if node.inputs[1] is not None else None
+        if channels is not None and channels.rank() == 1:
+            # Declared so that the Conv before can take the factor into its weight in reverse
+            # mode (rules/conv.py); emitted values carry no shapes until inference.
+            factor.shape = ir.Shape([channels.dims[0], *[1] * (rank - 2)])
+        full.append(em.op("Mul", [tx, factor]))
     # dscale and dvar both multiply xhat: combined per channel first.
     var_term = None
     if tv is not None:
