@@ -603,7 +603,8 @@ def _fold_channel_scale(em: Emitter, ct: ir.Value, w: ir.Value) -> tuple[ir.Valu
             continue
         factor = em.op("Reshape", [c, em.ints([channels, *[1] * (len(w_dims) - 1)])])
         weight = em.op("Mul", [w, factor])
-        weight.dtype, weight.shape = w.dtype, w.shape.copy()
+        if w.dtype is not None and w.shape is not None:
+            weight.dtype, weight.shape = w.dtype, w.shape.copy()
         return a, weight
     return ct, w
 
