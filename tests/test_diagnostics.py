@@ -6,6 +6,7 @@ import onnx_ir as ir
 import pytest
 
 import onnax
+from onnax.core.registry import transpose_rules
 
 
 def m(body: str, sig: str, opset: int = 18, extra: str = "") -> ir.Model:
@@ -148,3 +149,27 @@ def test_refusal_of_a_jvp_rule_names_the_transform_called(transform: str) -> Non
     message = str(info.value)
     assert message.startswith(f"{transform}: "), message
     assert "::Dropout" in message and "training" in message, message
+
+
+@pytest.mark.parametrize("transform", ["vjp", "grad"])
+def test_refusal_of_a_transpose_rule_names_the_transform(
+    transform: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # A transpose rule that refuses, worded as transpose rules word it (they do not know the
+    # transform that runs them).
+    def refuse(*_: object) -> list[ir.Value | None]:
+        raise onnax.errors.UnsupportedOperatorError("ai.onnx::Neg (node n): cannot. Remedy: none.")
+
+    lookup = transpose_rules.lookup
+    monkeypatch.setattr(
+        transpose_rules,
+        "lookup",
+        lambda domain, op, opset: refuse if op == "Neg" else lookup(domain, op, opset),
+    )
+    model = ir.from_onnx_text(
+        '<ir_version: 8, opset_import: ["" : 17]>\n'
+        "g (float[3] x) => (float y) {\n  n = Neg(x)\n  y = ReduceSum<keepdims = 0>(n)\n}"
+    )
+    with pytest.raises(onnax.errors.UnsupportedOperatorError) as info:
+        getattr(onnax, transform)(model, ["x"])
+    assert str(info.value) == f"{transform}: ai.onnx::Neg (node n): cannot. Remedy: none."

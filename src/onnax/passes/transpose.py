@@ -32,6 +32,7 @@ from onnax.core.subgraphs import (
     graph_attributes,
     name_values,
 )
+from onnax.errors import UnsupportedOperatorError
 from onnax.passes.linearize import Linearization
 from onnax.passes.prepare import infer_shapes
 
@@ -57,7 +58,16 @@ def transpose_linear(
     # reverse mode, which gains an iteration counter): its seed belongs to the replacement.
     outputs = [(lin.replaced.get(y, y), s) for y, s in seeds]
     linear_seeds = [(lin.tangent[y], s) for y, s in outputs if y in lin.tangent]
-    results = transpose_graph(model.graph, lin, linear_seeds, [lin.tangent[x] for x in inputs], [])
+    try:
+        results = transpose_graph(
+            model.graph, lin, linear_seeds, [lin.tangent[x] for x in inputs], []
+        )
+    except UnsupportedOperatorError as err:
+        # Transpose rules do not know which transform runs them: say it.
+        message = str(err)
+        if not message.startswith(f"{lin.transform}: "):
+            raise type(err)(f"{lin.transform}: {message}") from None
+        raise
     for t in lin.tangent_inputs:
         if t in model.graph.inputs:
             model.graph.inputs.remove(t)
