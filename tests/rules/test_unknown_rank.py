@@ -18,7 +18,7 @@ import pytest
 
 import onnax
 from onnax.errors import UnsupportedOperatorError
-from oracles import check_vmap
+from oracles import check_adjoint, check_vjp, check_vmap
 
 TEXT = """
 g ({T}[6] x, int64[3] s, {T}[2, 4] w) => ({T} y) {
@@ -66,3 +66,32 @@ def test_matmul_with_a_batched_matrix_needs_the_rank_of_the_other() -> None:
     message = str(err.value)
     assert "ai.onnx::MatMul" in message and "rank of its input 0 't'" in message
     assert "Remedy" in message
+
+
+REVERSE = """
+g ({T}[6] x, int64[3] s, {T}[2, 4] w) => ({T} y) {
+    r = Reshape (x, s)
+    sq = Squeeze (r)
+    c = Concat <axis = 0> (sq, sq)
+    p = MatMul (c, w)
+    y = ReduceSum <keepdims = 0> (p)
+}
+"""
+
+
+@pytest.mark.parametrize("dtype", ["float", "double"])
+@pytest.mark.parametrize("opset", [13, 21])
+def test_reverse_mode_through_values_of_unknown_rank(dtype: str, opset: int) -> None:
+    """MatMul's transpose against a shared matrix and Concat's along a non-negative axis need
+    no rank: vjp against finite differences and the adjoint identity, w.r.t. both operands."""
+    text = REVERSE.replace("{T}", dtype)
+    model = ir.from_onnx_text(f'<ir_version: 10, opset_import: ["" : {opset}]>\n{text}')
+    np_dtype = np.float32 if dtype == "float" else np.float64
+    rng = np.random.default_rng(0)
+    feeds = {
+        "x": rng.standard_normal(6).astype(np_dtype),
+        "s": np.array([1, 3, 2], np.int64),
+        "w": rng.standard_normal((2, 4)).astype(np_dtype),
+    }
+    check_vjp(model, feeds, ["x", "w"])
+    check_adjoint(model, feeds, ["x", "w"])

@@ -40,9 +40,44 @@ in memory on an image model. Converting to MIN_OPSET is the fallback when this f
 
 
 def infer_shapes(model: ir.Model) -> None:
-    """Runs symbolic shape inference in place (sorting first, as inference walks in list order)."""
+    """Runs symbolic shape inference in place (sorting first, as inference walks in list order).
+
+    onnx_shape_inference gives a ``Squeeze`` without axes the input's rank when some of its
+    dimensions are symbolic, which is a guess (a dimension that is 1 at run time goes away),
+    and rules reading that rank would lay cotangents out wrongly. Such outputs, and every value
+    inferred from them, get their shapes cleared (:func:`_forget_guessed_ranks`): the rules
+    then use a rank-free form or refuse with a message.
+    """
     model.graph.sort()
     infer_symbolic_shapes(model, warn_on_missing=False)
+    for graph in (model.graph, *model.graph.subgraphs()):
+        _forget_guessed_ranks(graph)
+
+
+_RANK_FREE = frozenset({"Shape", "Size"})
+"""Operators whose output rank does not depend on the input's."""
+
+
+def _guesses_rank(node: ir.Node) -> bool:
+    """A Squeeze without axes of a value with dimensions unknown before run time."""
+    if node.op_type != "Squeeze" or node.domain not in ("", "ai.onnx"):
+        return False
+    if (len(node.inputs) > 1 and node.inputs[1] is not None) or "axes" in node.attributes:
+        return False
+    x = node.inputs[0]
+    return x is not None and (x.shape is None or not all(isinstance(d, int) for d in x.shape.dims))
+
+
+def _forget_guessed_ranks(graph: ir.Graph) -> None:
+    guessed: set[ir.Value] = set()
+    for node in graph:
+        if node.op_type in _RANK_FREE:
+            continue
+        if _guesses_rank(node) or any(v in guessed for v in node.inputs if v is not None):
+            for out in node.outputs:
+                guessed.add(out)
+                if not out.is_graph_output():
+                    out.shape = None
 
 
 def _has_untyped_io(model: ir.Model) -> bool:

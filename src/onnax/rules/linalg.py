@@ -159,6 +159,32 @@ def _matmul_jvp(em: Emitter, node: ir.Node, tangents: Tangents) -> list[ir.Value
     return [_tangent_sum(em, node, terms)]
 
 
+def _matmul_transpose_by_matrix(
+    em: Emitter, ct: ir.Value, a: ir.Value, b: ir.Value, linear: Sequence[bool]
+) -> list[ir.Value | None]:
+    """MatMul's transpose when ``b`` is a matrix and ``a``'s rank is unknown.
+
+    (A Squeeze without axes before it, say.) Neither cotangent needs that rank.
+
+    ``a [..., k] @ b [k, n]`` broadcasts nothing, so ``ct @ bᵀ`` is laid out like ``a`` (a
+    vector too), and ``ct_b`` is ``aᵀ @ ct`` with every leading axis of both flattened into the
+    rows.
+    """
+    if linear[0]:
+        return [em.op("MatMul", [ct, _swap_last(em, b, 2)]), None]
+    static = [d for d in b.shape.dims if isinstance(d, int)] if b.shape is not None else []
+    if len(static) == 2:
+        rows_a, rows_ct = em.ints([-1, static[0]]), em.ints([-1, static[1]])
+    else:
+        shape = em.op("Shape", [b])
+        minus = em.ints([-1])
+        rows_a = em.op("Concat", [minus, em.slice(shape, [0], [1], [0])], {"axis": 0})
+        rows_ct = em.op("Concat", [minus, em.slice(shape, [1], [2], [0])], {"axis": 0})
+    flat_a = em.op("Reshape", [a, rows_a])
+    flat_ct = em.op("Reshape", [ct, rows_ct])
+    return [None, em.op("MatMul", [em.transpose(flat_a, [1, 0]), flat_ct])]
+
+
 def _matmul_transpose(
     em: Emitter, node: ir.Node, cts: Tangents, linear: Sequence[bool]
 ) -> list[ir.Value | None]:
@@ -166,6 +192,8 @@ def _matmul_transpose(
     assert ct is not None and a is not None and b is not None
     if linear[0] and linear[1]:
         raise AssertionError("MatMul of two linear values is not linear")
+    if a.shape is None and b.shape is not None and b.shape.rank() == 2:
+        return _matmul_transpose_by_matrix(em, ct, a, b, linear)
     da, db = _dims(node, a, "input"), _dims(node, b, "input")
     ra, rb = len(da), len(db)
     if linear[0]:

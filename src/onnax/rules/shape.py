@@ -521,10 +521,13 @@ def _concat_transpose(
 ) -> list[ir.Value | None]:
     ct = cts[0]
     assert ct is not None
-    known = [v for v in (node.outputs[0], *node.inputs) if v is not None and v.shape is not None]
-    axis = _norm_axis(
-        int_attr(node, "axis", 0), _rank(node, known[0] if known else node.outputs[0])
-    )
+    axis = int_attr(node, "axis", 0)
+    if axis < 0:
+        # A non-negative axis needs no rank (unknown after a Squeeze without axes, say).
+        known = [
+            v for v in (node.outputs[0], *node.inputs) if v is not None and v.shape is not None
+        ]
+        axis = _norm_axis(axis, _rank(node, known[0] if known else node.outputs[0]))
     results: list[ir.Value | None] = []
     offset: Param = 0
     for x, is_linear in zip(node.inputs, linear, strict=True):
