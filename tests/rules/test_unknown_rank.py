@@ -3,7 +3,7 @@
 A ``Squeeze`` without axes of a value with run-time dimensions (here a ``Reshape`` to a shape
 input) has a rank only the run time knows: which dimensions are 1? The ONNX function body of
 AffineGrid does this. The batch rules that need no rank then must not ask for one: ``Unsqueeze``
-with non-negative axes, ``Concat`` along a non-negative axis, ``Transpose`` with a ``perm``
+with non-negative axes, ``Concat`` and ``Split`` along a non-negative axis, ``Transpose`` with a ``perm``
 (its length is the rank) and ``MatMul`` of a batched operand of unknown rank with a shared
 matrix or vector. Oracle: vmap against a loop of single onnxruntime runs (tests/oracles.py), float
 and double, at opsets 13, 21 and 25 (before 13 a Squeeze without axes of run-time dimensions is
@@ -26,7 +26,10 @@ g ({T}[6] x, int64[3] s, {T}[2, 4] w) => ({T} y) {
     sq = Squeeze (r)
     one = Constant <value_ints = [1]> ()
     u = Unsqueeze (sq, one)
-    c = Concat <axis = 1> (u, u)
+    c2 = Concat <axis = 1> (u, u)
+    halves = Constant <value_ints = [2, 2]> ()
+    c4 = Concat <axis = 1> (c2, c2)
+    c, d = Split <axis = 1> (c4, halves)
     t = Transpose <perm = [0, 2, 1]> (c)
     y = MatMul (t, w)
 }

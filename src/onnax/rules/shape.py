@@ -588,8 +588,9 @@ _register("Split", (2, 11, 13, 18), _same_op_jvp, _split_transpose)
 def _split_batch(bx: Batcher, node: ir.Node, args: Args, batched: Sequence[bool]) -> BatchResult:
     """Split along the shifted axis; the split sizes (attribute or input) are one example's."""
     refuse_batched(bx, node, args, batched, {1: "split sizes"})
-    r = bx.rank(original_input(node))
-    axis = shift_axes([int_attr(node, "axis", 0)], r)[0]
+    axis = int_attr(node, "axis", 0)
+    # A non-negative axis shifts without the rank (unknown after a Squeeze without axes).
+    axis = axis + 1 if axis >= 0 else shift_axes([axis], bx.rank(original_input(node)))[0]
     outs = bx.op_multi(
         "Split",
         [batch_data(args), *args[1:]],
