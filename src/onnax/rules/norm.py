@@ -312,7 +312,7 @@ def _batch_norm_jvp(em: Emitter, node: ir.Node, tangents: Tangents) -> list[ir.V
         if channels is not None and channels.rank() == 1:
             # Declared so that the Conv before can take the factor into its weight in reverse
             # mode (rules/conv.py); emitted values carry no shapes until inference.
-            factor.shape = ir.Shape([channels.dims[0], *[1] * (rank - 2)])
+            factor.dtype, factor.shape = dt, ir.Shape([channels.dims[0], *[1] * (rank - 2)])
         full.append(em.op("Mul", [tx, factor]))
     # dscale and dvar both multiply xhat: combined per channel first.
     var_term = None
