@@ -374,43 +374,42 @@ def float64_twin(model: ir.Model) -> ir.Model:
         out.name = None
         y.name = name
         graph.remove(node, safe=True)
-    for value in [*graph.inputs, *(o for n in graph for o in n.outputs)]:
-        if value.dtype == ir.DataType.FLOAT:
-            value.dtype = ir.DataType.DOUBLE
+    _retype(graph, ir.DataType.FLOAT, ir.DataType.DOUBLE, [*graph.inputs])
+    return twin
+
+
+def _retype(
+    graph: ir.Graph,
+    source: ir.DataType,
+    target: ir.DataType,
+    extra: list[ir.Value],
+    casts: bool = False,
+) -> None:
+    """Values (node outputs and ``extra``), initializers and Constant tensors of element type
+    ``source`` become ``target``; with ``casts``, Casts to ``source`` too."""
+    for value in [*extra, *(o for n in graph for o in n.outputs)]:
+        if value.dtype == source:
+            value.dtype = target
     for name, value in graph.initializers.items():
         tensor = value.const_value
-        if tensor is not None and tensor.dtype == ir.DataType.FLOAT:
-            value.const_value = ir.tensor(tensor.numpy().astype(np.float64), name=name)
-            value.dtype = ir.DataType.DOUBLE
+        if tensor is not None and tensor.dtype == source:
+            value.const_value = ir.tensor(tensor.numpy().astype(target.numpy()), name=name)
+            value.dtype = target
     for node in graph:
         if node.op_type == "Constant":
             t = node.attributes["value"].as_tensor()
-            if t.dtype == ir.DataType.FLOAT:
+            if t.dtype == source:
                 node.attributes["value"] = ir.AttrTensor(
-                    "value", ir.tensor(t.numpy().astype(np.float64))
+                    "value", ir.tensor(t.numpy().astype(target.numpy()))
                 )
-    return twin
+        if casts and node.op_type == "Cast" and node.attributes.get_int("to") == source:
+            node.attributes["to"] = ir.AttrInt64("to", target)
 
 
 def float32_of(twin: ir.Model) -> ir.Model:
     """The float64 twin computed in float32: the twin's operators at the model's precision."""
     model = ir.from_proto(ir.to_proto(twin))
     graph = model.graph
-    for value in [*graph.inputs, *(o for n in graph for o in n.outputs), *graph.outputs]:
-        if value.dtype == ir.DataType.DOUBLE:
-            value.dtype = ir.DataType.FLOAT
-    for name, value in graph.initializers.items():
-        tensor = value.const_value
-        if tensor is not None and tensor.dtype == ir.DataType.DOUBLE:
-            value.const_value = ir.tensor(tensor.numpy().astype(np.float32), name=name)
-            value.dtype = ir.DataType.FLOAT
-    for node in graph:
-        if node.op_type == "Constant":
-            t = node.attributes["value"].as_tensor()
-            if t.dtype == ir.DataType.DOUBLE:
-                node.attributes["value"] = ir.AttrTensor(
-                    "value", ir.tensor(t.numpy().astype(np.float32))
-                )
-        if node.op_type == "Cast" and node.attributes.get_int("to") == ir.DataType.DOUBLE:
-            node.attributes["to"] = ir.AttrInt64("to", ir.DataType.FLOAT)
+    extra = [*graph.inputs, *graph.outputs]
+    _retype(graph, ir.DataType.DOUBLE, ir.DataType.FLOAT, extra, casts=True)
     return model
