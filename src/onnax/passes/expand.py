@@ -27,7 +27,7 @@ from onnax.core.emit import Emitter
 from onnax.core.functions import BodyConversionError, function_body
 from onnax.core.registry import Registry, batch_rules, lowerings
 from onnax.core.selection import is_float
-from onnax.core.subgraphs import subgraph_reads
+from onnax.core.subgraphs import graph_attributes, subgraph_reads
 from onnax.errors import UnsupportedOperatorError
 from onnax.passes.fold import MAX_FOLDED_ELEMENTS, constant_of, fold_constants
 from onnax.passes.prepare import infer_shapes
@@ -46,16 +46,6 @@ class _Replacement:
     output_index: list[int]
 
 
-def _subgraphs(node: ir.Node) -> list[ir.Graph]:
-    graphs: list[ir.Graph] = []
-    for attr in node.attributes.values():
-        if attr.type == ir.AttributeType.GRAPH:
-            graphs.append(attr.as_graph())
-        elif attr.type == ir.AttributeType.GRAPHS:
-            graphs.extend(attr.as_graphs())
-    return graphs
-
-
 def _symbols(values: list[ir.Value]) -> set[str]:
     return {
         str(d)
@@ -70,7 +60,7 @@ def _expandable(node: ir.Node) -> bool:
     """Random, sequence, optional and control-flow nodes keep their own (clearer) errors."""
     if node.domain in ("", "ai.onnx") and node.op_type in RANDOM_OPS:
         return False
-    if _subgraphs(node):
+    if graph_attributes(node):
         return False
     return not any(
         v is not None and isinstance(v.type, (ir.SequenceType, ir.OptionalType))
@@ -113,7 +103,7 @@ class _Expander:
                 for new in self.inline(graph, node, replacement):
                     self.node(graph, new, active, depth + 1)
                 return
-        for sub in _subgraphs(node):
+        for sub in graph_attributes(node):
             # Over-approximated: every body input may carry the derivative or batch dimension.
             active.update(v for v in sub.inputs if self.carries(v))
             self.graph(sub, active)
@@ -222,7 +212,7 @@ class _Expander:
         known = _symbols([v for v in node.inputs if v is not None])
         prefix = node.name or (node.outputs[0].name if node.outputs else None) or node.op_type
         for n in nodes:
-            for inner in (n, *(m for g in _subgraphs(n) for m in g.all_nodes())):
+            for inner in (n, *(m for g in graph_attributes(n) for m in g.all_nodes())):
                 inner.name = self._fresh(f"{prefix}/{inner.op_type}")
                 for o in inner.outputs:
                     o.name = self._fresh(f"{prefix}/{o.name or 'v'}")

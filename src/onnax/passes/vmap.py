@@ -25,7 +25,7 @@ from onnax.core.diagnostics import RANDOM_OPS, node_label, op_label
 from onnax.core.gcpause import gc_paused
 from onnax.core.registry import batch_rules
 from onnax.core.selection import format_shape
-from onnax.core.subgraphs import subgraph_reads
+from onnax.core.subgraphs import graph_attributes, subgraph_reads
 from onnax.errors import SelectionError, UnsupportedOperatorError
 from onnax.passes.cleanup import cleanup
 from onnax.passes.expand import expand
@@ -255,16 +255,6 @@ class VmapPass(ir.passes.FunctionalPass):
         return ir.passes.PassResult(cleanup(model), modified=True)
 
 
-def _subgraphs(node: ir.Node) -> list[ir.Graph]:
-    graphs: list[ir.Graph] = []
-    for attr in node.attributes.values():
-        if attr.type == ir.AttributeType.GRAPH:
-            graphs.append(attr.as_graph())
-        elif attr.type == ir.AttributeType.GRAPHS:
-            graphs.extend(attr.as_graphs())
-    return graphs
-
-
 def _draws_inside(graphs: Sequence[ir.Graph]) -> bool:
     return any(n.domain == "" and n.op_type in RANDOM_OPS for g in graphs for n in g.all_nodes())
 
@@ -312,7 +302,7 @@ class _Walk:
         flags = [a is not None and a in batched for a in args]
         inner = subgraph_reads(node)
         captured = [v for v in inner if env.get(v, v) in batched]
-        graphs = _subgraphs(node)
+        graphs = graph_attributes(node)
         # Random draws in a body make its results differ per example ('different') or must be
         # refused ('error'): either way the body is walked.
         draws = bool(graphs) and self.randomness != "same" and _draws_inside(graphs)

@@ -100,6 +100,20 @@ def _emit_node(
     return node
 
 
+def _place_tangents(
+    em: Emitter,
+    node: ir.Node,
+    result: list[ir.Value | None],
+    positions: Sequence[int],
+    tangents: Sequence[ir.Value],
+) -> None:
+    """Records ``tangents`` as the linear tangents of ``node``'s outputs at ``positions``."""
+    for k, t in zip(positions, tangents, strict=True):
+        _like(t, node.outputs[k])
+        em.linear.add(t)
+        result[k] = t
+
+
 def _like(target: ir.Value, source: ir.Value | None) -> None:
     if source is None:
         return
@@ -403,14 +417,7 @@ def _scan_jvp(em: Emitter, node: ir.Node, tangents: Tangents) -> Tangents:
             [lin], {"n": n, "m": m, "a": len(act_s), "b": len(act_x), "y": len(act_y)}
         )
         t_states, t_scans = new.outputs[: len(act_s)], new.outputs[len(act_s) :]
-    for j, t in zip(act_s, t_states, strict=True):
-        _like(t, node.outputs[j])
-        em.linear.add(t)
-        result[j] = t
-    for i, t in zip(act_y, t_scans, strict=True):
-        _like(t, node.outputs[n + i])
-        em.linear.add(t)
-        result[n + i] = t
+    _place_tangents(em, node, result, [*act_s, *(n + i for i in act_y)], [*t_states, *t_scans])
     return result
 
 
@@ -592,14 +599,7 @@ def _loop_jvp(em: Emitter, node: ir.Node, tangents: Tangents) -> Tangents:
         new = _emit_node(em, "Loop", [count, true, *t_init], attrs, a + len(act_y))
         new.meta[_META] = _LinearInfo([lin], {"n": n, "a": a, "y": len(act_y)})
         t_states, t_scans = new.outputs[:a], new.outputs[a:]
-    for j, t in zip(act_s, t_states, strict=True):
-        _like(t, node.outputs[j])
-        em.linear.add(t)
-        result[j] = t
-    for i, t in zip(act_y, t_scans, strict=True):
-        _like(t, node.outputs[n + i])
-        em.linear.add(t)
-        result[n + i] = t
+    _place_tangents(em, node, result, [*act_s, *(n + i for i in act_y)], [*t_states, *t_scans])
     return result
 
 

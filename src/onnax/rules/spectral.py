@@ -106,16 +106,25 @@ def _dft_axis(em: Emitter, node: ir.Node, rank: int) -> Axis:
     return axis + rank if axis < 0 else axis
 
 
-def _dft_length(em: Emitter, node: ir.Node, signal_len: Length) -> Length:
-    """The transform length: ``dft_length`` when given, else the signal's size along the axis."""
-    value = node.inputs[1] if len(node.inputs) > 1 else None
+def _length_input(em: Emitter, node: ir.Node, index: int) -> Length | None:
+    """A scalar length input as an int or a 1-D int64 value; None when absent.
+
+    ``dft_length`` of DFT and STFT, STFT's ``frame_step`` and ``frame_length``.
+    """
+    value = node.inputs[index] if len(node.inputs) > index else None
     if value is None:
-        return signal_len
+        return None
     got = const_ints(value)
     if got is not None:
         return got[0]
     as_int64 = em.op("Cast", [value], {"to": ir.DataType.INT64})
     return em.op("Reshape", [as_int64, em.ints([1])])
+
+
+def _dft_length(em: Emitter, node: ir.Node, signal_len: Length) -> Length:
+    """The transform length: ``dft_length`` when given, else the signal's size along the axis."""
+    given = _length_input(em, node, 1)
+    return signal_len if given is None else given
 
 
 def emit_dft(
@@ -388,21 +397,9 @@ for _v in (17, 20):
 
 
 # --------------------------------------------------------------------------------- STFT
-def _scalar_length(em: Emitter, node: ir.Node, index: int, what: str) -> Length | None:
-    """A length input of STFT (``frame_step`` or ``frame_length``) as an int or 1-D int64."""
-    value = node.inputs[index] if len(node.inputs) > index else None
-    if value is None:
-        return None
-    got = const_ints(value)
-    if got is not None:
-        return got[0]
-    as_int64 = em.op("Cast", [value], {"to": ir.DataType.INT64})
-    return em.op("Reshape", [as_int64, em.ints([1])])
-
-
 def _frame_length(em: Emitter, node: ir.Node, window_length: Length | None) -> Length:
     """The frame length: the frame_length input, else ``window_length`` (the window's size)."""
-    from_input = _scalar_length(em, node, 3, "frame_length")
+    from_input = _length_input(em, node, 3)
     if from_input is not None:
         return from_input
     if window_length is None:
@@ -420,7 +417,7 @@ def frame_indices(
 
     ``total`` is the signal's length, ``window_length`` the window's (None without a window).
     """
-    step = _scalar_length(em, node, 1, "frame_step")
+    step = _length_input(em, node, 1)
     if step is None:
         raise InternalRuleError(f"{op_label(node)}: frame_step is missing")
     length = _frame_length(em, node, window_length)
