@@ -423,15 +423,66 @@ def test_vmap_of_derivatives_seeds_only(name: str, opset: int, dtype: str, mode:
     check_vmap(derived, feeds, in_axes={v.name: -1 for v in extra})
 
 
+# ------------------------------------------------------------------------- training mode
+# vmap takes each example's statistics over its own batch: checked against a loop of runs.
+TRAINING_CASES = [
+    Case(
+        "BatchNormTrain-Y",
+        f"g ({BN_IN}) => ({{T}}[N, 3, 2, 2] Y) "
+        "{ Y, RM, RV = BatchNormalization<training_mode=1, epsilon=0.01>(X, scale, B, mean, var) }",
+        opsets=(14, 15, 21),
+        fill=BN_FILL,
+    ),
+    Case(
+        # The running statistics depend on X (through the batch's mean and variance) and on
+        # input_mean / input_var; Y does not depend on the latter in training mode.
+        "BatchNormTrain-stats",
+        f"g ({BN_IN}) => ({{T}}[N, 3, 2, 2] Y, {{T}}[3] RM, {{T}}[3] RV) "
+        "{ Y, RM, RV = BatchNormalization<training_mode=1, momentum=0.7>(X, scale, B, mean, var) }",
+        opsets=(14, 15),
+        fill=BN_FILL,
+    ),
+    Case(
+        "BatchNormTrain-rank2-var-only",
+        "g ({T}[N, 3] X, {T}[3] scale, {T}[3] B, {T}[3] mean, {T}[3] var) => ({T}[3] RV) "
+        "{ Y, RM, RV = BatchNormalization<training_mode=1>(X, scale, B, mean, var) }",
+        opsets=(15,),
+        fill=BN_FILL,
+        dims={"N": 4},
+    ),
+]
+
+
+@pytest.mark.parametrize(("case", "dtype", "opset"), parametrize(TRAINING_CASES), ids=case_id)
+def test_batch_norm_training(case: Case, dtype: str, opset: int) -> None:
+    """Training mode: batch statistics, differentiated through, and the running statistics."""
+    run_case(case, dtype, opset)
+
+
+@pytest.mark.parametrize(("case", "dtype", "opset"), parametrize(TRAINING_CASES), ids=case_id)
+def test_batch_norm_training_vmap(case: Case, dtype: str, opset: int) -> None:
+    run_vmap_case(case, dtype, opset)
+    # Shared data with per-example parameters and running statistics.
+    model = case.model(dtype, opset)
+    check_vmap(model, case.feeds(model), in_axes={"X": None, "scale": 0, "mean": 0, "var": 0})
+
+
+def test_batch_norm_training_second_order() -> None:
+    """jvp of the vjp model of training-mode BatchNormalization against its differences."""
+    case = next(c for c in TRAINING_CASES if c.name == "BatchNormTrain-stats")
+    model = case.model("double", 15)
+    feeds = case.feeds(model)
+    inputs = [v.name for v in model.graph.inputs]
+    vm = onnax.vjp(model, inputs)
+    rng = np.random.default_rng(3)
+    for seed in vm.graph.inputs[len(model.graph.inputs) :]:
+        shape = [d if isinstance(d, int) else 3 for d in seed.shape.dims]
+        feeds[seed.name] = rng.standard_normal(shape)
+    check_jvp(vm, feeds, inputs)
+
+
 # ------------------------------------------------------------------------- refusals
 BN_TRAINING = [
-    (
-        "attr",
-        15,
-        "g (float[N, 3] X, float[3] s, float[3] b, float[3] m, float[3] v) => (float[N, 3] Y) "
-        "{ Y = BatchNormalization<training_mode=1>(X, s, b, m, v) }",
-        "training_mode=1",
-    ),
     (
         "outputs",
         11,
@@ -439,26 +490,32 @@ BN_TRAINING = [
         "float[3] M, float[3] V, float[3] SM, float[3] SV) "
         "{ Y, M, V, SM, SV = BatchNormalization(X, s, b, m, v) }",
         "'M', 'V', 'SM', 'SV'",
+        ("jvp", "vjp", "vmap"),
     ),
 ]
 
 
 @pytest.mark.parametrize(
-    ("kind", "opset", "text", "what"), BN_TRAINING, ids=[k[0] for k in BN_TRAINING]
+    ("kind", "opset", "text", "what", "refused"), BN_TRAINING, ids=[k[0] for k in BN_TRAINING]
 )
-def test_batch_norm_training_is_refused(kind: str, opset: int, text: str, what: str) -> None:
+def test_batch_norm_training_is_refused(
+    kind: str, opset: int, text: str, what: str, refused: tuple[str, ...]
+) -> None:
     model = ir.from_onnx_text(f'<ir_version: 10, opset_import: ["" : {opset}]>\n{text}')
-    for transform, call in [
-        ("jvp", lambda: onnax.jvp(model, ["X"])),
-        ("vmap", lambda: onnax.vmap(model, in_axes={"X": 0})),
-    ]:
+    calls = {
+        "jvp": lambda: onnax.jvp(model, ["X"]),
+        "vjp": lambda: onnax.vjp(model, ["X"]),
+        "vmap": lambda: onnax.vmap(model, in_axes={"X": 0}),
+    }
+    for transform in refused:
         with pytest.raises(UnsupportedOperatorError) as err:
-            call()
+            calls[transform]()
         message = str(err.value)
         assert message.startswith(f"{transform}:"), message
         assert "ai.onnx::BatchNormalization" in message and f"at opset {opset}" in message
         assert "'Y'" in message and what in message
         assert "inference" in message and "model.eval()" in message
+        assert "opset 14" in message, message
 
 
 def test_lp_norm_other_p_is_refused() -> None:

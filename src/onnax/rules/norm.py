@@ -24,12 +24,15 @@ version: ``xhat = x * inv``, ``inv = 1 / sqrt(mean(x**2) + eps)``,
 
 Per operator:
 
-* **BatchNormalization** (9, 14, 15), inference form only: ``y = (x - mean) * a + B`` with
+* **BatchNormalization** (9, 14, 15), inference form: ``y = (x - mean) * a + B`` with
   ``a = scale / sqrt(var + eps)`` per channel (axis 1). The tangent is
   ``t * a + xhat * (dscale - scale * inv**2 / 2 * dvar) + (dB - a * dmean)``, the per-channel
   parts combined in ``[C]`` space before one ``Unsqueeze`` to ``[C, 1, ..., 1]``. Training mode
-  (``training_mode=1``, or the extra outputs that only training computes) normalises with the
-  statistics of the batch and updates running ones: refused with a remedy. From opset 15 the
+  (``training_mode=1``, opset 14+) standardises with the batch's statistics over every axis but
+  1, like LayerNormalization over those axes, and its running-statistics outputs
+  ``input * momentum + current * (1 - momentum)`` get tangents too; under vmap each example
+  takes the statistics of its own batch. Before opset 14 training is told by the extra outputs
+  (``mean``, ``var``, ``saved_mean``, ``saved_var``): refused with a remedy. From opset 15 the
   scale/bias and mean/var may have other element types than ``X``: they (and their tangents)
   are cast to ``X``'s type (onnxruntime has no such mixed kernel for float/double to test it).
 * **LayerNormalization** (17): standardised over ``axis..rank-1`` (a negative axis needs no
@@ -267,7 +270,12 @@ def _register_batch(op_type: str, rule: BatchRule) -> None:
 
 # ------------------------------------------------------------------------- BatchNormalization
 def _refuse_training(node: ir.Node, opset: int, transform: str) -> None:
-    """Raises for the training form (``training_mode=1`` or the outputs only training computes)."""
+    """Raises for the training form (``training_mode=1`` or the outputs only training computes).
+
+    jvp (and so vjp and grad) calls it only for the forms it does not differentiate: before
+    opset 14, where training is told by the outputs (``mean``, ``var``, ``saved_mean``,
+    ``saved_var``), and the extra outputs without ``training_mode=1``.
+    """
     training = int_attr(node, "training_mode", 0)
     extra = [o.name or f"#{i + 1}" for i, o in enumerate(node.outputs[1:]) if _present(o)]
     if not training and not extra:
@@ -276,17 +284,92 @@ def _refuse_training(node: ir.Node, opset: int, transform: str) -> None:
     raise UnsupportedOperatorError(
         f"{transform}: {op_label(node)} at opset {opset} ({node_label(node)}) is in training mode "
         f"({what}): it normalises with the mean and variance of the current batch and updates "
-        "running statistics, and onnax supports only the inference form (training_mode=0, one "
-        "output Y, normalising with input_mean and input_var). Remedy: export the model in "
-        "inference mode (e.g. model.eval() before torch.onnx.export), or, to differentiate "
-        "through batch statistics, compute them with ReduceMean over axes [0, 2, 3, ...] and "
-        "normalise with Sub/Div/Sqrt (or InstanceNormalization/GroupNormalization when per-example "
-        "statistics are meant)."
+        f"running statistics, and {_SUPPORTED_FORMS[transform]}. Remedy: "
+        "export the model in inference mode (e.g. model.eval() before torch.onnx.export), or "
+        "convert it to opset 14 or newer, where training is the attribute training_mode=1 "
+        "(onnx.version_converter.convert_version), or compute the batch statistics with "
+        "ReduceMean over axes [0, 2, 3, ...] and normalise with Sub/Div/Sqrt (or "
+        "InstanceNormalization/GroupNormalization when per-example statistics are meant)."
     )
+
+
+_SUPPORTED_FORMS = {
+    "jvp": "onnax differentiates the inference form and, from opset 14, training_mode=1",
+    "vmap": "onnax batches the inference form and, from opset 14, training_mode=1",
+}
+
+
+def _batch_norm_training_jvp(
+    em: Emitter, node: ir.Node, tangents: Tangents
+) -> list[ir.Value | None]:
+    """Training mode (opset 14+): the statistics are the batch's, over every axis but 1.
+
+    ``y = xhat * scale + B`` with ``xhat`` standardised over ``[0, 2, 3, ...]`` (population
+    variance, as the schema and onnxruntime); the running statistics are
+    ``input * momentum + current * (1 - momentum)``, whose tangents are
+    ``dinput * momentum + dcurrent * (1 - momentum)`` with ``dmean = mean(t)`` and
+    ``dvar = 2 * mean(d * t) = 2 * mean(xhat * t) / inv``.
+    """
+    x, y = _x(node), node.outputs[0]
+    dt, rank = _dtype(x), _rank(node, x)
+    scale = node.inputs[1]
+    assert scale is not None
+    cast: list[ir.Value | None] = []
+    for t, p in zip(tangents, node.inputs, strict=False):
+        cast.append(None if t is None or p is None else _cast(em, t, _dtype(p), dt))
+    cast.extend([None] * (5 - len(cast)))
+    tx, ts, tb, tm, tv = cast
+    outs: list[ir.Value | None] = [None] * len(node.outputs)
+    wants_stats = [i < len(node.outputs) and _present(node.outputs[i]) for i in (1, 2)]
+    if (
+        tx is None
+        and ts is None
+        and tb is None
+        and not ((wants_stats[0] and tm is not None) or (wants_stats[1] and tv is not None))
+    ):
+        return outs
+    axes = [0, *range(2, rank)]
+    s = _standardize(em, x, axes, _eps(node), dt)
+    st = _standardized_tangent(em, tx, s) if tx is not None else None
+    terms: list[ir.Value | None] = []
+    if st is not None:
+        terms.append(
+            em.op("Mul", [st.dxhat, _per_channel(em, _cast(em, scale, _dtype(scale), dt), rank)])
+        )
+    if ts is not None:
+        terms.append(em.op("Mul", [s.xhat, _per_channel(em, ts, rank)]))
+    small = _per_channel(em, tb, rank) if tb is not None else None
+    if terms or small is not None:
+        outs[0] = _sum_shaped(em, terms, small, None, y)
+    momentum = _f32(float_attr(node, "momentum", 0.9))
+    currents: list[ir.Value | None] = [None, None]
+    if st is not None:
+        assert st.mean_t is not None
+        two_over_inv = em.op("Div", [em.scalar(2.0, dt), s.inv])
+        currents = [st.mean_t, em.op("Mul", [st.mean_xt, two_over_inv])]
+    for k, (wanted, t_input, current) in enumerate(
+        zip(wants_stats, (tm, tv), currents, strict=True)
+    ):
+        if not wanted or (t_input is None and current is None):
+            continue
+        parts: list[ir.Value | None] = []
+        if t_input is not None:
+            parts.append(em.op("Mul", [t_input, em.scalar(momentum, dt)]))
+        if current is not None:
+            flat = em.op("Reshape", [current, em.ints([-1])])
+            parts.append(em.op("Mul", [flat, em.scalar(1.0 - momentum, dt)]))
+        total = em.add_all(parts)
+        assert total is not None
+        stat = node.inputs[3 + k]
+        assert stat is not None
+        outs[1 + k] = _cast(em, total, dt, _dtype(stat))
+    return outs
 
 
 def _batch_norm_jvp(em: Emitter, node: ir.Node, tangents: Tangents) -> list[ir.Value | None]:
     """See the module doc: ``t * a + xhat * (dscale - scale * inv**2 / 2 * dvar) + (dB - a * dmean)``."""
+    if em.opset >= 14 and int_attr(node, "training_mode", 0):
+        return _batch_norm_training_jvp(em, node, tangents)
     _refuse_training(node, em.opset, "jvp")
     x, y = _x(node), node.outputs[0]
     dt, rank = _dtype(x), _rank(node, x)
@@ -731,9 +814,53 @@ for _v, _per in ((18, False), (21, True)):
     batch_rules.add("GroupNormalization", _group_norm_batch(_per), since_version=_v)
 
 
+def _batch_norm_training_batch(
+    bx: Batcher, node: ir.Node, args: Args, batched: Sequence[bool]
+) -> BatchResult:
+    """Training mode per example: each example's statistics over its own axes ``0, 2, ...``.
+
+    With the vmap axis at 0 those are axes ``1, 3, ...`` of the batched data; the running
+    statistics come out ``[B, C]``.
+    """
+    original = _x(node)
+    dt, rank = _dtype(original), _rank(node, original)
+    x = args[0]
+    assert x is not None
+    x = bx.materialize(x, batched[0], original)
+    params: list[ir.Value] = []
+    for i in range(1, 5):
+        p, o = args[i], node.inputs[i]
+        assert p is not None and o is not None
+        params.append(_cast(bx, p, _dtype(o), dt))
+    scale, bias, input_mean, input_var = params
+    s = _standardize(bx, x, [1, *range(3, rank + 1)], _eps(node), dt)
+    y = bx.op("Mul", [s.xhat, _channel_param(bx, scale, batched[1], rank)])
+    y = bx.op("Add", [y, _channel_param(bx, bias, batched[2], rank)])
+    outs: list[ir.Value | None] = [y, None, None]
+    wanted = [i < len(node.outputs) and _present(node.outputs[i]) for i in (1, 2)]
+    if any(wanted):
+        momentum = _f32(float_attr(node, "momentum", 0.9))
+        assert s.mean is not None
+        centered = bx.op("Sub", [x, s.mean])
+        var = bx.reduce("ReduceMean", bx.op("Mul", [centered, centered]), s.axes, keepdims=True)
+        for k, (current, before) in enumerate(((s.mean, input_mean), (var, input_var))):
+            if not wanted[k]:
+                continue
+            flat = bx.op("Reshape", [current, bx.ints([0, -1])])
+            kept = bx.op("Mul", [before, bx.scalar(momentum, dt)])
+            new = bx.op("Add", [kept, bx.op("Mul", [flat, bx.scalar(1.0 - momentum, dt)])])
+            stat = node.inputs[3 + k]
+            assert stat is not None
+            outs[1 + k] = _cast(bx, new, dt, _dtype(stat))
+    n = len(node.outputs)
+    return outs[:n], [o is not None for o in outs[:n]]
+
+
 def _batch_norm_batch(
     bx: Batcher, node: ir.Node, args: Args, batched: Sequence[bool]
 ) -> BatchResult:
+    if bx.opset >= 14 and int_attr(node, "training_mode", 0):
+        return _batch_norm_training_batch(bx, node, args, batched)
     _refuse_training(node, bx.opset, "vmap")
     rest: list[ir.Value | None] = [None] * (len(node.outputs) - 1)
     if not any(batched[1:]):
