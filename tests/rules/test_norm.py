@@ -288,7 +288,7 @@ def test_vmap_shared_data(case: Case, dtype: str, opset: int) -> None:
 
 
 def _case(name: str) -> Case:
-    return next(c for c in CASES if c.name == name)
+    return next(c for c in [*CASES, *TRAINING_CASES] if c.name == name)
 
 
 def _ops(model: ir.Model) -> list[str]:
@@ -337,6 +337,7 @@ def test_layer_norm_tangent_uses_ordinary_operators() -> None:
 # ------------------------------------------------------------------------- second order
 SECOND_ORDER = [
     ("BatchNorm-9", 11),
+    ("BatchNormTrain-stats", 15),
     ("LayerNorm-last", 17),
     ("GroupNorm-18", 18),
     ("GroupNorm-21", 21),
@@ -465,20 +466,6 @@ def test_batch_norm_training_vmap(case: Case, dtype: str, opset: int) -> None:
     # Shared data with per-example parameters and running statistics.
     model = case.model(dtype, opset)
     check_vmap(model, case.feeds(model), in_axes={"X": None, "scale": 0, "mean": 0, "var": 0})
-
-
-def test_batch_norm_training_second_order() -> None:
-    """jvp of the vjp model of training-mode BatchNormalization against its differences."""
-    case = next(c for c in TRAINING_CASES if c.name == "BatchNormTrain-stats")
-    model = case.model("double", 15)
-    feeds = case.feeds(model)
-    inputs = [v.name for v in model.graph.inputs]
-    vm = onnax.vjp(model, inputs)
-    rng = np.random.default_rng(3)
-    for seed in vm.graph.inputs[len(model.graph.inputs) :]:
-        shape = [d if isinstance(d, int) else 3 for d in seed.shape.dims]
-        feeds[seed.name] = rng.standard_normal(shape)
-    check_jvp(vm, feeds, inputs)
 
 
 # ------------------------------------------------------------------------- refusals

@@ -11,6 +11,7 @@ of the weights: onnx.checker and onnx.version_converter, which only work on prot
 from __future__ import annotations
 
 import logging
+from collections.abc import Sequence
 
 import onnx
 import onnx.shape_inference
@@ -68,12 +69,31 @@ def _guesses_rank(node: ir.Node) -> bool:
     return x is not None and (x.shape is None or not all(isinstance(d, int) for d in x.shape.dims))
 
 
+def _shape_inputs(node: ir.Node) -> Sequence[ir.Value | None]:
+    """The inputs whose shapes decide the shape of the node's outputs.
+
+    ``CastLike`` takes only the element type of its second input. ``Reshape`` to a constant
+    shape without 0 (which would copy an input dimension) fixes the rank, and its ``-1`` is
+    the element count over the rest, which a guessed shape does not change (it only keeps
+    dimensions of size 1 that the run drops).
+    """
+    if node.domain not in ("", "ai.onnx"):
+        return node.inputs
+    if node.op_type == "CastLike":
+        return node.inputs[:1]
+    if node.op_type == "Reshape" and len(node.inputs) > 1 and node.inputs[1] is not None:
+        target = node.inputs[1].const_value
+        if target is not None and 0 not in target.numpy().reshape(-1).tolist():
+            return []
+    return node.inputs
+
+
 def _forget_guessed_ranks(graph: ir.Graph) -> None:
     guessed: set[ir.Value] = set()
     for node in graph:
         if node.op_type in _RANK_FREE:
             continue
-        if _guesses_rank(node) or any(v in guessed for v in node.inputs if v is not None):
+        if _guesses_rank(node) or any(v in guessed for v in _shape_inputs(node) if v is not None):
             for out in node.outputs:
                 guessed.add(out)
                 if not out.is_graph_output():

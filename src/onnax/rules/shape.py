@@ -716,11 +716,58 @@ def _slice_scatter_transpose(
     return em.op("ScatterND", [zeros, grid, ct])
 
 
+def _slice_rank_free_transpose(em: Emitter, node: ir.Node, ct: ir.Value) -> ir.Value | None:
+    """Transpose of a unit-step slice of a value of unknown rank, or None when not applicable.
+
+    From opset 18 ``Pad`` takes the axes it pads, so no rank is needed: the pads are computed
+    at run time from the sliced dimensions (``Gather`` of the input's shape, which reads
+    negative axes from the back as Slice does), with Slice's clamping. Needs constant axes
+    (or a static number of starts) and steps that are absent or all 1.
+    """
+    x = node.inputs[0]
+    assert x is not None
+    inputs = list(node.inputs) + [None] * (5 - len(node.inputs))
+    starts_in, ends_in, axes_in, steps_in = inputs[1], inputs[2], inputs[3], inputs[4]
+    assert starts_in is not None and ends_in is not None
+    if em.opset < 18:
+        return None
+    if steps_in is not None:
+        steps = const_ints(steps_in)
+        if steps is None or any(st != 1 for st in steps):
+            return None
+    if axes_in is not None:
+        axes = const_ints(axes_in)
+    else:
+        static_starts = const_ints(starts_in)
+        count = len(static_starts) if static_starts is not None else _vector_length(starts_in)
+        axes = list(range(count)) if count is not None else None
+    if axes is None:
+        return None
+    # em.shape: x is a linear value here, read through its shape witness.
+    dims = em.op("Gather", [em.shape(x), em.ints(axes)], {"axis": 0})
+    zero = em.const(np.array(0, np.int64))
+
+    def clamped(bound: ir.Value) -> ir.Value:
+        bound = _int64(em, bound)
+        wrapped = em.op("Where", [em.op("Less", [bound, zero]), em.op("Add", [bound, dims]), bound])
+        return em.op("Min", [em.op("Max", [wrapped, zero]), dims])
+
+    begin, end = clamped(starts_in), clamped(ends_in)
+    kept = em.op("Max", [em.op("Sub", [end, begin]), zero])
+    after = em.op("Sub", [em.op("Sub", [dims, begin]), kept])
+    pads = em.op("Concat", [begin, after], {"axis": 0})
+    return em.op("Pad", [ct, pads, None, em.ints(axes)])
+
+
 def _slice_transpose(
     em: Emitter, node: ir.Node, cts: Tangents, linear: Sequence[bool]
 ) -> list[ir.Value | None]:
     ct, x = cts[0], node.inputs[0]
     assert ct is not None and x is not None
+    if x.shape is None:
+        padded = _slice_rank_free_transpose(em, node, ct)
+        if padded is not None:
+            return [padded, *[None] * (len(node.inputs) - 1)]
     rank = _rank(node, x)
     rest: list[ir.Value | None] = [None] * (len(node.inputs) - 1)
     params = _static_slice(node, rank)
@@ -1055,8 +1102,10 @@ def _dropout_jvp(em: Emitter, node: ir.Node, tangents: Tangents) -> list[ir.Valu
     """Inference Dropout copies its input; the mask is boolean and has no tangent.
 
     Training mode is refused: the derivative would be that of the mask drawn in the same run,
-    and a transformed model draws its own mask (onnxruntime's draws differ between models even
-    with the same seed), so neither the primal nor its derivative is reproducible.
+    and a transformed model draws its own mask. onnxruntime's seeded Dropout advances its
+    generator on every run (measured with onnxruntime 1.32: consecutive runs of one session
+    drop different elements), so neither the primal nor its derivative is reproducible, and
+    finite differences, which compare runs, could not check one.
     """
     training = node.inputs[2] if len(node.inputs) > 2 else None
     if training is not None:
