@@ -416,6 +416,8 @@ def test_vmap_unpool_batched_output_shape_is_refused() -> None:
         "kernel_shape=[3, 3], strides=[2, 2], pads=[1, 1, 1, 1]",
         "kernel_shape=[3, 3], strides=[2, 2], ceil_mode=1",
         "kernel_shape=[2, 3], dilations=[2, 1], pads=[0, 1, 1, 0]",
+        # 20 taps, padded on every side
+        "kernel_shape=[5, 4], pads=[2, 1, 2, 2]",
     ],
 )
 def test_max_pool_tangent_follows_the_runtimes_choice_among_ties(attrs: str, opset: int) -> None:
