@@ -748,9 +748,10 @@ def _slice_rank_free_transpose(em: Emitter, node: ir.Node, ct: ir.Value) -> ir.V
     zero = em.const(np.array(0, np.int64))
 
     def clamped(bound: ir.Value) -> ir.Value:
+        # Into [-dim, dim] first, so that adding dim cannot overflow (ends are often INT64_MAX).
         bound = _int64(em, bound)
-        wrapped = em.op("Where", [em.op("Less", [bound, zero]), em.op("Add", [bound, dims]), bound])
-        return em.op("Min", [em.op("Max", [wrapped, zero]), dims])
+        bound = em.op("Max", [em.op("Min", [bound, dims]), em.op("Neg", [dims])])
+        return em.op("Where", [em.op("Less", [bound, zero]), em.op("Add", [bound, dims]), bound])
 
     begin, end = clamped(starts_in), clamped(ends_in)
     kept = em.op("Max", [em.op("Sub", [end, begin]), zero])
