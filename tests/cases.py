@@ -125,10 +125,21 @@ def vmap_axes(model: ir.Model) -> dict[str, tuple[int | None, ...]]:
     }
 
 
-def run_vmap_case(case: Case, dtype: str, opset: int) -> None:
-    """vmap of the case's model against a loop of single runs, for each in_axes variant."""
+def run_vmap_case(case: Case, dtype: str, opset: int, shared: Sequence[str] = ()) -> None:
+    """vmap of the case's model against a loop of single runs, for each in_axes variant.
+
+    The inputs named in ``shared`` stay unbatched in every variant (those an operator cannot
+    take batched, such as OneHot's depth or DFT's length).
+    """
     model = case.model(dtype, opset)
     feeds = case.feeds(model)
+    if not shared:
+        for axes in vmap_axes(model).values():
+            check_vmap(model, feeds, in_axes=axes, out_axes=0)
+        check_vmap(model, feeds, in_axes=0, out_axes=-1)
+        return
+    names = [v.name for v in model.graph.inputs if v.name not in model.graph.initializers]
     for axes in vmap_axes(model).values():
-        check_vmap(model, feeds, in_axes=axes, out_axes=0)
-    check_vmap(model, feeds, in_axes=0, out_axes=-1)
+        in_axes = {n: None if n in shared else a for n, a in zip(names, axes, strict=True)}
+        check_vmap(model, feeds, in_axes=in_axes, out_axes=0)
+    check_vmap(model, feeds, in_axes={n: 0 for n in names if n not in shared}, out_axes=-1)

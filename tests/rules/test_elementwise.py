@@ -5,7 +5,7 @@ import onnx_ir as ir
 import pytest
 
 import onnax
-from cases import Case, case_id, parametrize, positive, run_case, run_vmap_case, unit, vmap_axes
+from cases import Case, case_id, parametrize, positive, run_case, run_vmap_case, unit
 from onnax.errors import UnsupportedOperatorError
 from oracles import check_adjoint, check_jvp, check_model_valid, check_vjp, check_vmap, run
 
@@ -399,21 +399,6 @@ ELEMENTWISE_OPS = ("Add", "Sub", "Mul", "Div", "Pow", "Sum", "Mean", "Max", "Min
 ELEMENTWISE_OPS += ("Where", "Neg", "Identity", "Cast", "CastLike", "Clip")
 
 
-def vmap_case(case: Case, dtype: str, opset: int, shared: Sequence[str] = ()) -> None:
-    """``run_vmap_case``, with the inputs named in ``shared`` kept unbatched in every variant
-    (those an operator cannot take batched, such as OneHot's depth)."""
-    if not shared:
-        run_vmap_case(case, dtype, opset)
-        return
-    model = case.model(dtype, opset)
-    feeds = case.feeds(model)
-    names = [v.name for v in model.graph.inputs if v.name not in model.graph.initializers]
-    for axes in vmap_axes(model).values():
-        in_axes = {n: None if n in shared else a for n, a in zip(names, axes, strict=True)}
-        check_vmap(model, feeds, in_axes=in_axes, out_axes=0)
-    check_vmap(model, feeds, in_axes={n: 0 for n in names if n not in shared}, out_axes=-1)
-
-
 def check_vmap_examples(
     model: ir.Model, examples: Sequence[Mapping[str, np.ndarray]], in_axes: Mapping[str, int]
 ) -> ir.Model:
@@ -475,7 +460,7 @@ def vmap_derivatives(case: Case, dtype: str, opset: int) -> None:
 
 @pytest.mark.parametrize(("case", "dtype", "opset"), parametrize(CASES), ids=case_id)
 def test_vmap(case: Case, dtype: str, opset: int) -> None:
-    vmap_case(case, dtype, opset)
+    run_vmap_case(case, dtype, opset)
 
 
 def _case(name: str) -> Case:

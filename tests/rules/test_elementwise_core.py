@@ -1,7 +1,7 @@
 import pytest
 
-from cases import Case, away_from_zero, case_id, parametrize, positive, run_case
-from rules.test_elementwise import vmap_case, vmap_derivatives
+from cases import Case, away_from_zero, case_id, parametrize, positive, run_case, run_vmap_case
+from rules.test_elementwise import vmap_derivatives
 
 CASES = [
     Case(
@@ -52,7 +52,7 @@ def test_rule(case: Case, dtype: str, opset: int) -> None:
 
 @pytest.mark.parametrize(("case", "dtype", "opset"), parametrize(CASES), ids=case_id)
 def test_vmap(case: Case, dtype: str, opset: int) -> None:
-    vmap_case(case, dtype, opset)
+    run_vmap_case(case, dtype, opset)
 
 
 @pytest.mark.parametrize(

@@ -11,13 +11,11 @@ on the same cases with the length/step/axis inputs shared, and the refusal of a 
 
 from __future__ import annotations
 
-from collections.abc import Sequence
-
 import numpy as np
 import pytest
 
 import onnax
-from cases import Case, case_id, parametrize, run_case, vmap_axes
+from cases import Case, case_id, parametrize, run_case, run_vmap_case
 from onnax.errors import UnsupportedOperatorError
 from oracles import check_vmap
 
@@ -146,20 +144,9 @@ def test_rule(case: Case, dtype: str, opset: int) -> None:
     run_case(case, dtype, opset)
 
 
-def vmap_shared(case: Case, dtype: str, opset: int, shared: Sequence[str] = SHARED) -> None:
-    """vmap against a loop for each in_axes variant, with the inputs in ``shared`` unbatched."""
-    model = case.model(dtype, opset)
-    feeds = case.feeds(model)
-    names = [v.name for v in model.graph.inputs if v.name not in model.graph.initializers]
-    for axes in vmap_axes(model).values():
-        in_axes = {n: None if n in shared else a for n, a in zip(names, axes, strict=True)}
-        check_vmap(model, feeds, in_axes=in_axes, out_axes=0)
-    check_vmap(model, feeds, in_axes={n: 0 for n in names if n not in shared}, out_axes=-1)
-
-
 @pytest.mark.parametrize(("case", "dtype", "opset"), parametrize(CASES), ids=case_id)
 def test_vmap(case: Case, dtype: str, opset: int) -> None:
-    vmap_shared(case, dtype, opset)
+    run_vmap_case(case, dtype, opset, shared=SHARED)
 
 
 @pytest.mark.parametrize("name", ["dft_real_onesided_even", "stft_window_real"])

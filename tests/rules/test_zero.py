@@ -4,7 +4,7 @@ import onnx_ir as ir
 import pytest
 
 import onnax
-from cases import Case, away_from_zero, case_id, distinct, parametrize, run_case
+from cases import Case, away_from_zero, case_id, distinct, parametrize, run_case, run_vmap_case
 from onnax.core.emit import Emitter
 from onnax.core.registry import batch_rules, jvp_rules
 from onnax.errors import UnsupportedOperatorError
@@ -13,7 +13,6 @@ from onnax.rules.zero import BROADCASTING_BATCH, VECTORIZED_BATCH, ZERO_SINCE
 from oracles import check_adjoint, check_jvp, check_model_valid, check_vjp, check_vmap, run
 from rules.test_elementwise import (
     check_vmap_examples,
-    vmap_case,
     vmap_derivatives,
 )
 
@@ -232,7 +231,7 @@ def test_vmap(case: Case, dtype: str, opset: int) -> None:
         with pytest.raises(UnsupportedOperatorError, match="ragged"):
             onnax.vmap(model)
         return
-    vmap_case(case, dtype, opset, shared=VMAP_SHARED.get(case.name, ()))
+    run_vmap_case(case, dtype, opset, shared=VMAP_SHARED.get(case.name, ()))
 
 
 @pytest.mark.parametrize(

@@ -217,6 +217,7 @@ class _Standardized:
     mean: ir.Value | None
     inv: ir.Value
     xhat: ir.Value
+    var: ir.Value  # mean(d**2) (of x**2 for the RMS form), kept dimensions
 
 
 def _standardize(
@@ -236,7 +237,7 @@ def _standardize(
     d = em.op("Sub", [x, mean]) if mean is not None else x
     var = em.reduce("ReduceMean", em.op("Mul", [d, d]), axes, keepdims=True)
     inv = em.op("Reciprocal", [em.op("Sqrt", [em.op("Add", [var, em.scalar(eps, dtype)])])])
-    return _Standardized(axes, mean, inv, em.op("Mul", [d, inv]))
+    return _Standardized(axes, mean, inv, em.op("Mul", [d, inv]), var)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -841,9 +842,7 @@ def _batch_norm_training_batch(
     if any(wanted):
         momentum = _f32(float_attr(node, "momentum", 0.9))
         assert s.mean is not None
-        centered = bx.op("Sub", [x, s.mean])
-        var = bx.reduce("ReduceMean", bx.op("Mul", [centered, centered]), s.axes, keepdims=True)
-        for k, (current, before) in enumerate(((s.mean, input_mean), (var, input_var))):
+        for k, (current, before) in enumerate(((s.mean, input_mean), (s.var, input_var))):
             if not wanted[k]:
                 continue
             flat = bx.op("Reshape", [current, bx.ints([0, -1])])
