@@ -4,11 +4,13 @@
 * ``check_jvp`` / ``check_vjp``: compare the transformed models against those differences.
 * ``check_adjoint``: ``<u, J v> == <Jᵀ u, v>`` between independently built jvp and vjp models.
 * ``check_model_valid``: ``onnx.checker`` (full check) and an onnxruntime session.
+* ``contract_checked``: every transform the oracles build leaves its source byte-identical and
+  gives byte-identical results on repeat and on a save/load round trip of the source.
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 
 import numpy as np
 import onnx
@@ -40,6 +42,26 @@ def check_model_valid(model: ir.Model) -> None:
     proto = ir.to_proto(model)
     onnx.checker.check_model(proto, full_check=True)
     session(proto)
+
+
+def serialized(model: ir.Model) -> bytes:
+    return ir.to_proto(model).SerializeToString()
+
+
+def contract_checked(transform: Callable[[ir.Model], ir.Model], model: ir.Model) -> ir.Model:
+    """``transform(model)``, checked for source isolation and determinism.
+
+    The source must serialise byte for byte the same afterwards; a second run on the same object
+    and a run on a reloaded copy (``jvp(g)`` against ``jvp(reload(g))``) must give the same bytes.
+    """
+    before = serialized(model)
+    result = transform(model)
+    assert serialized(model) == before, "the transform changed its source model"
+    out = serialized(result)
+    assert serialized(transform(model)) == out, "a second run gave another model"
+    reloaded = ir.from_proto(onnx.load_from_string(before))
+    assert serialized(transform(reloaded)) == out, "the reloaded source gave another model"
+    return result
 
 
 def io_name(model: ir.Model, index: int, kind: str = "outputs") -> str:
@@ -139,7 +161,7 @@ def check_jvp(
 ) -> ir.Model:
     """jvp(model) against central differences; returns the jvp model."""
     rng = np.random.default_rng(seed)
-    jm = onnax.jvp(model, inputs, outputs)
+    jm = contract_checked(lambda m: onnax.jvp(m, inputs, outputs), model)
     check_model_valid(jm)
     g = model.graph
     n_in, n_out = len(g.inputs), len(g.outputs)
@@ -179,7 +201,7 @@ def check_vjp(
 ) -> ir.Model:
     """vjp(model) against central differences, one FD direction per input: <adj_x, t> = <adj_y, J t>."""
     rng = np.random.default_rng(seed)
-    vm = onnax.vjp(model, inputs, outputs)
+    vm = contract_checked(lambda m: onnax.vjp(m, inputs, outputs), model)
     check_model_valid(vm)
     g = model.graph
     n_in, n_out = len(g.inputs), len(g.outputs)
@@ -264,7 +286,9 @@ def check_vmap(
     at their axis (the first example is ``feeds`` itself, the others are perturbed copies).
     """
     rng = np.random.default_rng(seed)
-    vm = onnax.vmap(model, in_axes=in_axes, out_axes=out_axes, axis_size=axis_size)
+    vm = contract_checked(
+        lambda m: onnax.vmap(m, in_axes=in_axes, out_axes=out_axes, axis_size=axis_size), model
+    )
     check_model_valid(vm)
     g = model.graph
     inputs = [v for v in g.inputs]

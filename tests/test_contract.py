@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import numpy as np
+import onnx
 import onnx_ir as ir
 import pytest
 
@@ -270,3 +273,54 @@ def test_operators_no_selected_output_depends_on_do_not_block(transform: str) ->
         out = run(onnax.grad(model, ["x"], output="s"), {"x": x})
         np.testing.assert_allclose(out["grad_x"], np.cos(x), rtol=1e-5)
     assert len(out["parts"]) == 2  # the sequence output is still computed
+
+
+UNNAMED_CONSTANT = """
+<ir_version: 10, opset_import: ["" : 18]>
+g (float[3] x) => (float[3] y, float s) {
+    c = Constant <value: tensor = float {2}> ()
+    y = Mul (x, c)
+    s = ReduceSum <keepdims = 0> (y)
+}
+"""
+
+CONTRACT_TRANSFORMS = {
+    **TRANSFORMS,
+    "grad": lambda m: onnax.grad(m, output=m.graph.outputs[-1].name),
+    "jvp(grad)": lambda m: onnax.jvp(onnax.grad(m, output=m.graph.outputs[-1].name)),
+    "vmap": lambda m: onnax.vmap(m),
+    "vmap(grad)": lambda m: onnax.vmap(onnax.grad(m, output=m.graph.outputs[-1].name)),
+}
+
+
+@pytest.mark.parametrize("name", list(CONTRACT_TRANSFORMS))
+def test_unnamed_constant_tensor_is_not_named_in_the_source(name: str) -> None:
+    # Shape inference names a Constant's tensor after its output; the tensor must be the copy's.
+    m = ir.from_onnx_text(UNNAMED_CONSTANT)
+    before = ir.to_proto(m).SerializeToString()
+    first = CONTRACT_TRANSFORMS[name](m)
+    assert ir.to_proto(m).SerializeToString() == before
+    again = CONTRACT_TRANSFORMS[name](m)
+    reloaded = CONTRACT_TRANSFORMS[name](ir.from_proto(onnx.load_from_string(before)))
+    out = ir.to_proto(first).SerializeToString()
+    assert ir.to_proto(again).SerializeToString() == out
+    assert ir.to_proto(reloaded).SerializeToString() == out
+
+
+def test_source_tensors_of_every_storage_keep_their_names(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # In a protobuf (ir.load), on disk (external data) and in memory: renaming an initializer
+    # of the copy renames its tensor, which must not be the source's.
+    proto = ir.to_proto(model())
+    w = np.arange(3, dtype=np.float64)
+    proto.graph.initializer.append(onnx.numpy_helper.from_array(w, "w"))
+    path = tmp_path / "m.onnx"
+    onnx.save_model(proto, path, save_as_external_data=True, size_threshold=0)
+    monkeypatch.chdir(tmp_path)  # external data resolved from anywhere is tested in test_cli
+    for source in (ir.load(path), ir.from_proto(proto)):
+        before = ir.to_proto(source).SerializeToString()
+        names = [t.const_value.name for t in source.graph.initializers.values()]
+        onnax.jvp(onnax.grad(source, output="y"))
+        assert [t.const_value.name for t in source.graph.initializers.values()] == names
+        assert ir.to_proto(source).SerializeToString() == before

@@ -552,3 +552,47 @@ def test_antialiased_scales_are_checked_off_the_kink() -> None:
         result = check_case(case, transforms=("jvp", "vjp"))
     assert result["jvp"][0] == result["vjp"][0] == "pass", result
     assert "off the antialiasing kink" in result["jvp"][1], result
+
+
+# The contract: a transform that changes its source, or gives other bytes on a second run or
+# on a reloaded source, fails the case whatever its numbers.
+
+
+def test_driver_fails_a_transform_that_changes_its_source(
+    testcases: dict[str, Any], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    real = driver.onnax.jvp
+
+    def mutating(model: ir.Model, *args: Any, **kwargs: Any) -> ir.Model:
+        model.graph.doc_string = "touched"
+        return real(model, *args, **kwargs)
+
+    monkeypatch.setattr(driver.onnax, "jvp", mutating)
+    result = check_case(testcases["test_sin"], transforms=("jvp",))
+    assert result["jvp"] == ("failed", driver.MUTATED), result
+
+
+def test_driver_fails_a_nondeterministic_transform(
+    testcases: dict[str, Any], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    real = driver.onnax.vjp
+    calls = iter(range(100))
+
+    def counting(model: ir.Model, *args: Any, **kwargs: Any) -> ir.Model:
+        result = real(model, *args, **kwargs)
+        result.graph.doc_string = f"run {next(calls)}"
+        return result
+
+    monkeypatch.setattr(driver.onnax, "vjp", counting)
+    result = check_case(testcases["test_sin"], transforms=("jvp", "vjp"))
+    assert result["vjp"] == ("failed", driver.NONDETERMINISTIC), result
+    assert result["jvp"][0] == "pass", result
+
+
+def test_summary_counts_contract_failures() -> None:
+    results = {
+        "a": {"jvp": ("failed", driver.MUTATED), SCOPE: ("in", "")},
+        "b": {"jvp": ("failed", driver.NONDETERMINISTIC), SCOPE: ("in", "")},
+        "c": {"jvp": ("pass", ""), SCOPE: ("in", "")},
+    }
+    assert "mutated source 1, nondeterministic result 1" in driver.summarize(results)

@@ -1090,9 +1090,34 @@ def _full_check_applies(proto: onnx.ModelProto) -> bool:
     return True
 
 
+MUTATED = "mutated source"
+NONDETERMINISTIC = "nondeterministic result"
+"""Details of the ``failed`` status for a broken contract: the transform changed its source
+model, or gave other bytes on a second run or on a reloaded source."""
+
+
+def _contract_problem(
+    transform: Callable[[ir.Model], ir.Model], source: ir.Model, before: bytes, model: ir.Model
+) -> str | None:
+    """Whether a successful transform broke source isolation or determinism, and how."""
+    if ir.to_proto(source).SerializeToString() != before:
+        return MUTATED
+    out = ir.to_proto(model).SerializeToString()
+    again = ir.to_proto(transform(source)).SerializeToString()
+    reloaded = ir.to_proto(transform(ir.from_proto(onnx.load_from_string(before))))
+    if again != out or reloaded.SerializeToString() != out:
+        return NONDETERMINISTIC
+    return None
+
+
 def _build(transform: Callable[[ir.Model], ir.Model], proto: onnx.ModelProto) -> _Built:
+    source = ir.from_proto(proto)
+    before = ir.to_proto(source).SerializeToString()
     try:
-        model = transform(ir.from_proto(proto))
+        model = transform(source)
+        problem = _contract_problem(transform, source, before, model)
+        if problem is not None:
+            return _Built(status=("failed", problem))
     except onnax.OnnaxError as err:
         problem = refusal_problem(str(err))
         if problem is not None:
@@ -1794,6 +1819,19 @@ def summarize(results: Mapping[str, Result], verbose: bool = False) -> str:
             f"{counts.get('failed', 0):>8}{counts.get('crashed', 0):>9}{pct:>8.1f}%"
         )
         assert counts.get("skipped", 0) == 0, "an in-scope case was skipped"
+    contract = {
+        problem: sum(
+            1
+            for r in results.values()
+            for t in present
+            if t in r and r[t][0] == "failed" and r[t][1].startswith(problem)
+        )
+        for problem in (MUTATED, NONDETERMINISTIC)
+    }
+    lines.append(
+        "contract (every case and transform, counted as failed): "
+        + ", ".join(f"{k} {v}" for k, v in contract.items())
+    )
     if "vmap" in present:
         ran = [n for n in outside if results[n]["vmap"][0] != "skipped"]
         lines.append(

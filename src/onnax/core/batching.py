@@ -77,6 +77,10 @@ class Batcher(Emitter):
         self.randomness = randomness
         self.batch_dim = batch_dim
         self.walker = walker
+        # Numbers the sequence loops of one transform (shared with the child batchers): a
+        # module-wide counter would name a model's loops after how many ran before it, so the
+        # same model would not give the same bytes twice. Cleanup makes names unique.
+        self._sequence_loops = itertools.count()
 
     # ------------------------------------------------------------------ subgraphs
     def child(self) -> Batcher:
@@ -84,7 +88,9 @@ class Batcher(Emitter):
 
         Constants are cached per graph: one emitted inside a body is out of scope elsewhere.
         """
-        return Batcher(self.opset, self.batch_size, self.randomness, self.batch_dim, self.walker)
+        child = Batcher(self.opset, self.batch_size, self.randomness, self.batch_dim, self.walker)
+        child._sequence_loops = self._sequence_loops
+        return child
 
     def _walk(self) -> Walker:
         if self.walker is None:
@@ -218,7 +224,7 @@ class Batcher(Emitter):
             )
         elem = seq_type.elem_type
         body = self.child()
-        k = next(_SEQUENCE_LOOPS)
+        k = next(self._sequence_loops)
         i = ir.Value(
             name=f"vmap_seqloop{k}_i", type=ir.TensorType(ir.DataType.INT64), shape=ir.Shape([])
         )
@@ -269,7 +275,6 @@ class Batcher(Emitter):
         return self.op("Concat", [self.batch_size, shape], {"axis": 0})
 
 
-_SEQUENCE_LOOPS = itertools.count()
 """Numbers the bodies of :meth:`Batcher.map_sequence` (their value names must be unique)."""
 
 

@@ -1,11 +1,12 @@
 """Bringing a user's model into the form every transform starts from.
 
-The source model is cloned node by node (``onnx_ir.Model.clone``), so nothing a transform or shape
-inference does to nodes, values or shapes can reach the caller's model. Tensors are not copied:
-the clone shares the caller's weight tensors, which no transform ever writes into (derivative
-models only add new tensors). That keeps a transform's time and memory independent of the size
-of the weights: onnx.checker and onnx.version_converter, which only work on protobuf, see a
-*skeleton* of the model in which every large initializer is demoted to a typed graph input.
+The source model is cloned node by node (:func:`onnax.passes.clone.clone_model`), so nothing a
+transform or shape inference does to nodes, values, shapes or tensor names can reach the caller's
+model. The tensor *data* is not copied: the copy's tensor objects are views of the caller's, and no
+transform ever writes into data (derivative models only add new tensors). That keeps a transform's
+time and memory independent of the size of the weights: onnx.checker and onnx.version_converter,
+which only work on protobuf, see a *skeleton* of the model in which every large initializer is
+demoted to a typed graph input.
 """
 
 from __future__ import annotations
@@ -22,6 +23,7 @@ from onnx_shape_inference import infer_symbolic_shapes
 
 from onnax.core.opsets import DEFAULT_OPSET, MAX_OPSET, MIN_OPSET
 from onnax.errors import InvalidModelError
+from onnax.passes.clone import clone_model
 from onnax.passes.inline_if import simplify_control_flow
 from onnax.passes.scan8 import unbatch_scan8
 
@@ -289,23 +291,10 @@ def _keep_resize_semantics(model: ir.Model) -> None:
             node.attributes["nearest_mode"] = ir.AttrString("nearest_mode", "floor")
 
 
-def _clone(model: ir.Model) -> ir.Model:
-    """A structural copy sharing the weight tensors.
-
-    onnx_ir's cloner cannot copy a subgraph whose output is a value captured from the enclosing
-    graph (``then_branch = () => (X) {}``); such models are copied through their serialised form
-    instead, which copies the weights too but is exact.
-    """
-    try:
-        return model.clone()
-    except RuntimeError:
-        return ir.from_proto(ir.to_proto(model))
-
-
 def prepare(model: ir.Model, transform: str) -> ir.Model:
     """Returns an independent, checked, inlined, sorted and shape-inferred copy of ``model``.
 
-    The copy shares the weight tensors of ``model`` (tensors are never written to).
+    The copy's tensors are views of the data of ``model``'s (data is never written to).
 
     Raises:
         InvalidModelError: If the model fails onnx.checker or its opset cannot be served.
@@ -315,7 +304,7 @@ def prepare(model: ir.Model, transform: str) -> ir.Model:
             f"{transform}: expected an onnx_ir.Model, got {type(model).__name__}. "
             "Load a file with onnx_ir.load(path) or convert a proto with onnx_ir.from_proto(proto)."
         )
-    copy = _clone(model)
+    copy = clone_model(model)
     if _has_untyped_io(copy):
         infer_shapes(copy)  # the checker wants typed inputs and outputs
     proto, appended = _skeleton_proto(copy)

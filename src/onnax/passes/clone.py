@@ -1,0 +1,139 @@
+"""A copy of the caller's model that owns everything a transform may write to.
+
+Every transform works on a copy (the contract's first promise: the source is never changed).
+``onnx_ir.Model.clone`` copies nodes, values and graphs but shares the tensor objects, and tensor
+objects are not read-only: their ``name`` is written by onnx_ir itself, by
+``ir.convenience.get_const_tensor`` (which shape inference calls on every ``Constant``), by
+``Value.name``'s setter (a renamed initializer renames its tensor) and by ``ir.to_proto`` (an
+initializer's tensor takes the value's name). A shared ``Constant`` tensor without a name would
+come back from a transform named after its output, in the caller's model too.
+
+So the copy gets tensor objects of its own that share the *data*: a view costs no memory and no
+time proportional to the weights, whatever their storage (in memory, in a protobuf, on disk).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+
+import onnx_ir as ir
+
+__all__ = ["clone_model"]
+
+
+def clone_model(model: ir.Model) -> ir.Model:
+    """A structural copy of ``model`` whose tensor objects are its own (their data is shared).
+
+    onnx_ir's cloner cannot copy a subgraph whose output is a value captured from the enclosing
+    graph (``then_branch = () => (X) {}``); such models are copied through their serialised form
+    instead, which copies the weights too but is exact.
+    """
+    try:
+        copy = model.clone()
+    except RuntimeError:
+        return ir.from_proto(ir.to_proto(model))
+    _own_tensors(copy)
+    return copy
+
+
+def _view(tensor: ir.TensorProtocol) -> ir.TensorProtocol:
+    """A new tensor object with the same name, metadata and data as ``tensor``."""
+    metadata = dict(tensor.metadata_props)
+    shape = ir.Shape(tensor.shape.numpy())
+    if isinstance(tensor, ir.ExternalTensor):
+        # Stays external (the data is read from the same file, memory-mapped), so a result
+        # saved with external data keeps it there.
+        return ir.ExternalTensor(
+            tensor.location,
+            tensor.offset,
+            tensor.length,
+            tensor.dtype,
+            shape=tensor.shape,
+            name=tensor.name,
+            doc_string=tensor.doc_string,
+            metadata_props=metadata,
+            base_dir=tensor.base_dir,
+        )
+    if isinstance(tensor, ir.Tensor):
+        return ir.Tensor(
+            tensor.raw,
+            dtype=tensor.dtype,
+            shape=tensor.shape,
+            name=tensor.name,
+            doc_string=tensor.doc_string,
+            metadata_props=metadata,
+        )
+    if tensor.dtype == ir.DataType.STRING:
+        return ir.StringTensor(
+            tensor.numpy().reshape(-1).tolist(),
+            shape=shape,
+            name=tensor.name,
+            doc_string=tensor.doc_string,
+            metadata_props=metadata,
+        )
+    # Any other storage (a tensor in a protobuf, a packed or lazy tensor): read through on
+    # demand, never copied.
+    return ir.LazyTensor(
+        lambda: tensor,
+        dtype=tensor.dtype,
+        shape=shape,
+        name=tensor.name,
+        doc_string=tensor.doc_string,
+        metadata_props=metadata,
+    )
+
+
+def _graphs(model: ir.Model) -> Iterator[ir.Graph | ir.Function]:
+    yield from model.graphs()
+    for function in model.functions.values():
+        yield function
+        for node in function.all_nodes():
+            for attr in node.attributes.values():
+                if attr.type == ir.AttributeType.GRAPH:
+                    yield attr.as_graph()
+                    yield from attr.as_graph().subgraphs()
+                elif attr.type == ir.AttributeType.GRAPHS:
+                    for graph in attr.as_graphs():
+                        yield graph
+                        yield from graph.subgraphs()
+
+
+def _own_tensors(model: ir.Model) -> None:
+    """Replaces every tensor object of ``model`` by a view; shared objects stay shared.
+
+    Constant values that only live in memory (not serialised) are dropped instead.
+    """
+    views: dict[int, ir.TensorProtocol] = {}
+
+    def own(tensor: ir.TensorProtocol) -> ir.TensorProtocol:
+        view = views.get(id(tensor))
+        if view is None:
+            view = views[id(tensor)] = _view(tensor)
+        return view
+
+    # The originals are kept alive by the source model, so ids are not reused meanwhile.
+    for graph in _graphs(model):
+        values: list[ir.Value] = list(graph.inputs)
+        if isinstance(graph, ir.Graph):
+            values.extend(graph.initializers.values())
+        for node in graph:
+            values.extend(node.outputs)
+            for name, attr in list(node.attributes.items()):
+                if attr.type == ir.AttributeType.TENSOR:
+                    node.attributes[name] = ir.AttrTensor(
+                        name, own(attr.as_tensor()), attr.doc_string
+                    )
+                elif attr.type == ir.AttributeType.TENSORS:
+                    node.attributes[name] = ir.AttrTensors(
+                        name, [own(t) for t in attr.as_tensors()], attr.doc_string
+                    )
+        for value in values:
+            if value.const_value is None:
+                continue
+            if value.is_initializer():
+                value.const_value = own(value.const_value)
+            else:
+                # In-memory state that serialisation drops (a Constant's output or a value
+                # folded by an earlier inference): the copy starts as a reloaded model would, so
+                # ``f(g)`` and ``f(reload(g))`` are the same model.
+                value.const_value = None
