@@ -77,6 +77,10 @@ class NameClaims:
             k += 1
         return f"{base}_{k}"
 
+    def is_public(self, name: str) -> bool:
+        """Whether ``name`` is a graph input or output name, generated ones included."""
+        return name in self._public
+
     def claim(self, value: ir.Value, name: str) -> None:
         """Names ``value`` ``name``, moving an internal value that holds it out of the way.
 

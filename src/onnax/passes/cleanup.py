@@ -20,12 +20,35 @@ def cleanup(model: ir.Model) -> ir.Model:
     # No shape inference here: the new graph outputs carry their types already, and the next
     # transform infers anyway. Skipping it saves a quarter of a transform's time on big graphs.
     model.graph.sort()
-    common.OutputFixPass()(model)
+    _fix_outputs(model)
     common.NameFixPass()(model)
     _unique_across_scopes(model)
     if not model.graph.name:
         model.graph.name = "main"
     return model
+
+
+def _fix_outputs(model: ir.Model) -> None:
+    """``OutputFixPass``, except that a main-graph input passed through as an output stays so.
+
+    The pass separates such an output from the input with an Identity and renames the input
+    ``<name>_orig``: a public input name would change (``(x) => (x)`` would take ``x_orig``).
+    The main graph's inputs and outputs keep their names, so the pass-through is restored
+    (onnx.checker and onnxruntime accept it: the source model had it).
+    """
+    graph = model.graph
+    passthrough = {v: v.name for v in graph.outputs if v.is_graph_input()}
+    common.OutputFixPass()(model)
+    for i, out in enumerate(list(graph.outputs)):
+        node = out.producer()
+        if node is None or node.op_type != "Identity" or node.graph is not graph:
+            continue
+        x = node.inputs[0]
+        if x is None or x not in passthrough or out.name != passthrough[x]:
+            continue
+        graph.outputs[i] = x
+        graph.remove(node, safe=True)
+        x.name = passthrough[x]
 
 
 def _unique_across_scopes(model: ir.Model) -> None:

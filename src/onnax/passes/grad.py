@@ -91,5 +91,5 @@ class GradPass(ir.passes.FunctionalPass):
         seed = em.scalar(1.0, y)
         graph.extend(em.take())
         cts = transpose_linear(model, lin, [(y, seed)], xs)
-        append_outputs(em, graph, claims, prefix, list(zip(xs, cts, strict=True)))
+        append_outputs(em, graph, claims, prefix, list(zip(xs, cts, strict=True)), "grad")
         return ir.passes.PassResult(cleanup(model), modified=True)

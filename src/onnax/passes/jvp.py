@@ -52,5 +52,5 @@ class JvpPass(ir.passes.FunctionalPass):
             claims.claim(t, prefix + x.name)  # type: ignore[operator]
         em = Emitter(lin.opset, lin.linear)
         ys = [lin.replaced.get(y, y) for y in ys]  # forward mode replaces control-flow nodes
-        append_outputs(em, graph, claims, prefix, [(y, lin.tangent.get(y)) for y in ys])
+        append_outputs(em, graph, claims, prefix, [(y, lin.tangent.get(y)) for y in ys], "jvp")
         return ir.passes.PassResult(cleanup(model), modified=True)

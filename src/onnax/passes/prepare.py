@@ -118,8 +118,15 @@ def _skeleton_proto(model: ir.Model) -> tuple[onnx.ModelProto, list[str]]:
     """
     graph = model.graph
     demoted: list[tuple[ir.Value, ir.TensorProtocol, bool]] = []
+    inlined: list[tuple[ir.Value, ir.TensorProtocol]] = []
     for name, value in list(graph.initializers.items()):
         if not _is_weight(value):
+            tensor = value.const_value
+            if isinstance(tensor, ir.ExternalTensor):
+                # The checker resolves an external reference against the working directory
+                # (a proto has no folder); the skeleton carries the few small ones inline.
+                inlined.append((value, tensor))
+                value.const_value = ir.Tensor(tensor.numpy(), name=tensor.name)
             continue
         tensor = value.const_value
         assert tensor is not None
@@ -136,6 +143,8 @@ def _skeleton_proto(model: ir.Model) -> tuple[onnx.ModelProto, list[str]]:
     try:
         proto = ir.to_proto(model)
     finally:
+        for value, tensor in inlined:
+            value.const_value = tensor
         for value, tensor, appended in demoted:
             if appended:
                 graph.inputs.remove(value)
@@ -159,23 +168,40 @@ def _restore_weights(source: ir.Model, converted: ir.Model, appended: list[str])
 
 
 def _check(proto: onnx.ModelProto, transform: str) -> None:
-    """Runs onnx.checker on the model's skeleton."""
+    """Runs onnx.checker on the model's skeleton, with strict shape and type inference.
+
+    The full check catches nodes that are well formed but meaningless (``Transpose`` with
+    ``perm=[0, 0]``), which the plain check lets through to an invalid result.
+    """
     try:
-        onnx.checker.check_model(proto)
-    except onnx.checker.ValidationError as err:
+        onnx.checker.check_model(proto, full_check=True)
+    except (onnx.checker.ValidationError, onnx.shape_inference.InferenceError) as err:
         raise InvalidModelError(
             f"{transform}: the model fails onnx.checker: {str(err).strip().splitlines()[0]} "
-            "Fix the model first; onnx.checker.check_model(onnx_ir.to_proto(model)) reproduces it."
+            "Fix the model first; onnx.checker.check_model(onnx_ir.to_proto(model), full_check=True) "
+            "reproduces it."
         ) from err
 
 
+def _default_domain_import(model: ir.Model) -> None:
+    """Gives the model the default-domain import under its canonical name ``""``.
+
+    Must run before the check: a model of other domains only (ai.onnx.ml, say) gets one, at a
+    version every supported runtime has, as the derivative nodes need it. A model importing
+    the default domain as ``"ai.onnx"`` gets it renamed, nodes included, as every pass reads
+    ``opset_imports[""]`` and emits nodes in the ``""`` domain.
+    """
+    imports = model.opset_imports
+    if "" in imports:
+        return
+    imports[""] = imports.pop("ai.onnx", DEFAULT_OPSET)
+    for node in model.graph.all_nodes():
+        if node.domain == "ai.onnx":
+            node.domain = ""
+
+
 def _opset(model: ir.Model, transform: str) -> int:
-    opset = model.opset_imports.get("", model.opset_imports.get("ai.onnx"))
-    if opset is None:
-        # A model of other domains only (ai.onnx.ml, say): derivative nodes still need the
-        # default domain, at a version every supported runtime has.
-        opset = DEFAULT_OPSET
-        model.opset_imports[""] = opset
+    opset = model.opset_imports[""]
     if opset > MAX_OPSET:
         raise InvalidModelError(
             f"{transform}: the model uses default-domain opset {opset}, newer than the supported "
@@ -315,9 +341,18 @@ def prepare(model: ir.Model, transform: str) -> ir.Model:
             f"{transform}: expected an onnx_ir.Model, got {type(model).__name__}. "
             "Load a file with onnx_ir.load(path) or convert a proto with onnx_ir.from_proto(proto)."
         )
+    if len(model.graph.outputs) == 0:
+        # onnx.checker accepts such a graph, but onnxruntime refuses to load it (and every
+        # node of it is dead), so no transform of it could run.
+        raise InvalidModelError(
+            f"{transform}: the graph {model.graph.name!r} has no outputs, expected at least one: "
+            "onnxruntime cannot load such a model and nothing in it can be differentiated or "
+            "batched. Add the values you need to model.graph.outputs."
+        )
     copy = _clone(model)
     if _has_untyped_io(copy):
         infer_shapes(copy)  # the checker wants typed inputs and outputs
+    _default_domain_import(copy)
     proto, appended = _skeleton_proto(copy)
     _check(proto, transform)
     opset = _opset(copy, transform)
