@@ -18,7 +18,7 @@ from onnx import helper as oh
 import onnax
 from onnax.cli import main
 from onnax.errors import InvalidModelError, SelectionError
-from oracles import check_jvp, check_vjp, check_vmap
+from oracles import check_jvp, check_vjp, check_vmap, run
 
 
 def _text(body: str, opset: int = 18) -> ir.Model:
@@ -225,3 +225,36 @@ def test_cli_names_a_duplicate_value(tmp_path: Path, capsys: pytest.CaptureFixtu
     err = capsys.readouterr().err
     assert "the value name 'y' is defined twice in graph 'g'" in err
     assert "Rename one of the two definitions" in err
+
+
+# ------------------------------------------------------------------ the seed contract of HVPs
+def _linear_loss() -> ir.Model:
+    """The README's model: loss = sum((x * weight)^2)."""
+    return _text(
+        "linear_loss (float[2] x, float[2] weight) => (float loss) {"
+        " p = Mul (x, weight)  q = Mul (p, p)  loss = ReduceSum <keepdims = 0> (q) }"
+    )
+
+
+def test_jvp_of_grad_differentiates_the_gradient_only() -> None:
+    model = _linear_loss()
+    gradient = onnax.grad(model, inputs=["weight"], output="loss")
+    hvp = onnax.jvp(gradient, inputs=["weight"])
+    assert [v.name for v in hvp.graph.inputs] == ["x", "weight", "fwd_weight"]
+    assert [v.name for v in hvp.graph.outputs] == ["loss", "grad_weight", "fwd_grad_weight"]
+    x = np.array([0.5, -2.0], np.float32)
+    w = np.array([1.5, 0.25], np.float32)
+    v = np.array([1.0, -3.0], np.float32)
+    got = run(hvp, {"x": x, "weight": w, "fwd_weight": v})
+    # The Hessian of sum((x w)^2) in w is diag(2 x^2).
+    np.testing.assert_allclose(got["fwd_grad_weight"], 2 * x * x * v, rtol=1e-6)
+    np.testing.assert_allclose(got["grad_weight"], 2 * x * x * w, rtol=1e-6)
+
+
+def test_jvp_default_outputs_of_a_primal_model_are_unchanged() -> None:
+    # An output named like a derivative of nothing in the model is primal.
+    model = _text(
+        "g (float[2] x) => (float[2] grad_norm, float[2] y) { grad_norm = Sin (x)  y = Cos (x) }"
+    )
+    j = onnax.jvp(model)
+    assert [v.name for v in j.graph.outputs] == ["grad_norm", "y", "fwd_grad_norm", "fwd_y"]

@@ -30,7 +30,11 @@ def jvp(
         model: The model to differentiate; it is not modified.
         inputs: Graph input or initializer names to differentiate with respect to, in order.
             Default: every FLOAT/DOUBLE graph input that is not an initializer.
-        outputs: Graph output names to differentiate, in order. Default: every FLOAT/DOUBLE output.
+        outputs: Graph output names to differentiate, in order. Default: every FLOAT/DOUBLE
+            output, except on a model that already holds generated derivative outputs
+            (``grad_<x>``, ``fwd_<y>``, ``adj_<x>``): then those only, so
+            ``jvp(grad(m, inputs=["w"], output="loss"), inputs=["w"])`` returns ``loss``,
+            ``grad_w`` and the Hessian-vector product ``fwd_grad_w``, without ``fwd_loss``.
 
     Returns:
         A new ``onnx_ir.Model`` built from ordinary ONNX operators.
