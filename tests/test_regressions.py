@@ -18,7 +18,7 @@ from onnx import helper as oh
 import onnax
 from onnax.cli import main
 from onnax.errors import InvalidModelError, SelectionError
-from oracles import check_jvp, check_vjp, check_vmap, run
+from oracles import check_jvp, check_model_valid, check_vjp, check_vmap, run
 
 
 def _text(body: str, opset: int = 18) -> ir.Model:
@@ -258,3 +258,37 @@ def test_jvp_default_outputs_of_a_primal_model_are_unchanged() -> None:
     )
     j = onnax.jvp(model)
     assert [v.name for v in j.graph.outputs] == ["grad_norm", "y", "fwd_grad_norm", "fwd_y"]
+
+
+# --------------------------------------------------------------------------- control flow
+def test_unused_loop_capturing_a_batched_value() -> None:
+    model = _text(
+        'g (float[3] x) => (float[3] y) <int64 m = {2}> { a = Sin (x)  d = Loop (m, "", a)'
+        " <body = b (int64 i, bool c, float[?] st) => (bool c2, float[?] st2) {"
+        " t = Add (st, a)  st2 = Tanh (t)  c2 = Identity (c) }>  y = Cos (a) }"
+    )
+    feeds = {"x": np.array([0.1, -0.4, 0.7], np.float32)}
+    check_vmap(model, feeds)
+    check_jvp(model, feeds)
+    check_vjp(model, feeds)
+
+
+def test_vmap_of_grad_with_a_batched_if_condition() -> None:
+    model = _text(
+        "g (float[2] x, float[2] z, bool c) => (float s) { y = If (c) <then_branch = t () =>"
+        " (float[2] a) { a = Tanh (x) }, else_branch = e () => (float[2] b) { b = Add (x, z) }>"
+        "  s = ReduceSum <keepdims = 0> (y) }",
+        opset=21,
+    )
+    gradient = onnax.grad(model, inputs=["x", "z"])
+    batched = onnax.vmap(gradient, in_axes=(0, 0, 0))
+    check_model_valid(batched)
+    rng = np.random.default_rng(0)
+    xs = rng.standard_normal((2, 2)).astype(np.float32)
+    zs = rng.standard_normal((2, 2)).astype(np.float32)
+    cs = np.array([True, False])
+    got = run(batched, {"x": xs, "z": zs, "c": cs})
+    for k in range(2):
+        single = run(gradient, {"x": xs[k], "z": zs[k], "c": np.array(cs[k])})
+        for name, value in single.items():
+            np.testing.assert_allclose(got[name][k], value, rtol=1e-6, err_msg=name)

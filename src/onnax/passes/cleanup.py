@@ -5,6 +5,9 @@ from __future__ import annotations
 import onnx_ir as ir
 import onnx_ir.passes.common as common
 
+from onnax.core.batching import detach
+from onnax.core.subgraphs import graph_attributes
+
 __all__ = ["cleanup"]
 
 
@@ -14,8 +17,10 @@ def cleanup(model: ir.Model) -> ir.Model:
     The primal part of a derivative model is kept whole (its outputs are still outputs); what
     goes is the forward work that no requested derivative needs.
     """
+    _remove_dead_nodes(model.graph)
     common.RemoveUnusedNodesPass()(model)
     common.CommonSubexpressionEliminationPass()(model)
+    _remove_dead_nodes(model.graph)
     common.RemoveUnusedNodesPass()(model)
     # No shape inference here: the new graph outputs carry their types already, and the next
     # transform infers anyway. Skipping it saves a quarter of a transform's time on big graphs.
@@ -26,6 +31,25 @@ def cleanup(model: ir.Model) -> ir.Model:
     if not model.graph.name:
         model.graph.name = "main"
     return model
+
+
+def _remove_dead_nodes(graph: ir.Graph) -> None:
+    """Removes the nodes nothing uses, last first, detaching the bodies of removed ones.
+
+    ``RemoveUnusedNodesPass`` leaves the body of a removed If, Loop or Scan reading the values
+    it captures from the enclosing graph: those keep a use, so their producers stay, reading
+    values that are gone (vmap of an unused Loop that captures a batched value left the
+    unbatched producer behind, and the model failed onnx.checker's order check).
+    """
+    outputs = frozenset(graph.outputs)
+    for node in reversed(list(graph)):
+        if any(out in outputs or out.uses() for out in node.outputs):
+            for body in graph_attributes(node):
+                _remove_dead_nodes(body)
+            continue
+        for body in graph_attributes(node):
+            detach(body)
+        graph.remove(node, safe=True)
 
 
 def _fix_outputs(model: ir.Model) -> None:
