@@ -18,7 +18,7 @@ import onnx.shape_inference
 import onnx.version_converter
 import onnx_ir as ir
 import onnx_ir.passes.common as common
-from onnx_shape_inference import infer_symbolic_shapes
+from onnx_shape_inference import OpUsageError, ShapeInferenceError, infer_symbolic_shapes
 
 from onnax.core.opsets import DEFAULT_OPSET, MAX_OPSET, MIN_OPSET
 from onnax.errors import InvalidModelError
@@ -49,10 +49,76 @@ def infer_shapes(model: ir.Model) -> None:
     inferred from them, get their shapes cleared (:func:`_forget_guessed_ranks`): the rules
     then use a rank-free form or refuse with a message.
     """
+    declared = _declared_io_shapes(model)
     model.graph.sort()
-    infer_symbolic_shapes(model, warn_on_missing=False)
+    _infer_past_guesses(model)
     for graph in (model.graph, *model.graph.subgraphs()):
         _forget_guessed_ranks(graph)
+    _keep_declared_dims(declared)
+
+
+_NOT_INFERRED = "onnax.not_inferred"
+"""A domain without inference rules: a node moved there is passed over by inference."""
+
+
+def _infer_past_guesses(model: ir.Model) -> None:
+    """Symbolic shape inference that passes over the nodes whose rule refuses its own guesses.
+
+    The model passed onnx.checker's full check before, so a rule that raises does so on a
+    shape inference guessed earlier (a ``Squeeze`` without axes keeps a symbolic dimension,
+    then ``Einsum "ij->ji"`` finds rank 3 for its 2 indices). Such a node keeps the outputs it
+    has (unknown shapes), as the rules work without, and inference goes on after it.
+    """
+    passed_over: list[tuple[ir.Node, str]] = []
+    try:
+        while True:
+            try:
+                infer_symbolic_shapes(model, warn_on_missing=False)
+                return
+            except (OpUsageError, ShapeInferenceError) as err:
+                node = _refusing_node(model, err)
+                if node is None or node.domain == _NOT_INFERRED:
+                    raise
+                passed_over.append((node, node.domain))
+                node.domain = _NOT_INFERRED
+    finally:
+        for node, domain in passed_over:
+            node.domain = domain
+
+
+def _refusing_node(model: ir.Model, err: Exception) -> ir.Node | None:
+    if isinstance(err, OpUsageError):
+        return err.node
+    assert isinstance(err, ShapeInferenceError)
+    named = [n for n in model.graph.all_nodes() if err.node_name and n.name == err.node_name]
+    return named[0] if len(named) == 1 else None
+
+
+def _declared_io_shapes(model: ir.Model) -> list[tuple[ir.Value, ir.Shape]]:
+    graph = model.graph
+    return [(v, v.shape.copy()) for v in (*graph.inputs, *graph.outputs) if v.shape is not None]
+
+
+def _keep_declared_dims(declared: list[tuple[ir.Value, ir.Shape]]) -> None:
+    """Puts back the dimensions the user declared on graph inputs and outputs.
+
+    Inference "refines" a declared symbolic dimension with a number when it finds one, and
+    that number can be a guess (``Slice(x[n], 2, 6)`` gets 4, right only when ``n >= 6``):
+    the derivative model would then declare ``y`` and its seed as ``[4]`` and onnxruntime
+    would refuse the inputs that the source accepts. Only unknown dimensions (``?``) and
+    missing shapes take inferred values.
+    """
+    for value, shape in declared:
+        inferred = value.shape
+        if inferred is None or inferred.rank() != shape.rank():
+            value.shape = shape
+            continue
+        dims = [
+            new if isinstance(old, ir.SymbolicDim) and old.value is None else old
+            for old, new in zip(shape.dims, inferred.dims, strict=True)
+        ]
+        if dims != list(inferred.dims):
+            value.shape = ir.Shape(dims)
 
 
 _RANK_FREE = frozenset({"Shape", "Size"})
