@@ -321,3 +321,23 @@ def test_squeeze_without_axes_then_einsum() -> None:
     check_jvp(model, feeds)
     check_vjp(model, feeds)
     check_vmap(model, feeds)
+
+
+def test_loop_tangents_through_a_guessed_broadcast() -> None:
+    # Max broadcasts w[1], a Loop's state [n] and the Pad output [n + 1]: inference guessed the
+    # result to be [n]-sized (the Loop's symbol), so onnxruntime reused an [n] buffer for a
+    # value of size n + 1, and vjp skipped the sum of the [2] cotangent onto x[1].
+    model = _text(
+        "g (float[n] x, float[1] w) => (float y) <int64 m = {2}, int64[2] pads = {0, 1}> {"
+        "  p = Pad (x, pads)"
+        '  l1 = Loop (m, "", x) <body = b1 (int64 i, bool c, float[?] s) => (bool c1, float[?] s1)'
+        " { s1 = Sin (s)  c1 = Identity (c) }>"
+        "  mx = Max (w, l1, p)"
+        '  l2 = Loop (m, "", mx) <body = b2 (int64 j, bool c, float[?] s) => (bool c2,'
+        " float[?] s2) { t = Add (s, p)  s2 = Tanh (t)  c2 = Identity (c) }>"
+        "  y = MatMul (l2, p) }"
+    )
+    feeds = {"x": np.array([0.3], np.float32), "w": np.array([0.1], np.float32)}
+    check_jvp(model, feeds)
+    check_vjp(model, feeds)
+    check_vmap(model, feeds)

@@ -22,6 +22,7 @@ from onnx_shape_inference import OpUsageError, ShapeInferenceError, infer_symbol
 
 from onnax.core.opsets import DEFAULT_OPSET, MAX_OPSET, MIN_OPSET
 from onnax.errors import InvalidModelError
+from onnax.passes.broadcast_dims import forget_guessed_broadcasts
 from onnax.passes.inline_if import simplify_control_flow
 from onnax.passes.scan8 import unbatch_scan8
 
@@ -54,6 +55,7 @@ def infer_shapes(model: ir.Model) -> None:
     _infer_past_guesses(model)
     for graph in (model.graph, *model.graph.subgraphs()):
         _forget_guessed_ranks(graph)
+    forget_guessed_broadcasts(model)
     _keep_declared_dims(declared)
 
 
