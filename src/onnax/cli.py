@@ -673,9 +673,12 @@ def build_parser() -> argparse.ArgumentParser:
         if name in ("grad", "hessian"):
             p.add_argument("--output", help="the rank-0 output (default: the only one)")
         elif name != "vmap":
-            p.add_argument(
-                "--outputs", help="comma-separated output names (default: float outputs)"
+            default = (
+                "float outputs; on a derivative model, its grad_/fwd_/adj_ outputs"
+                if name == "jvp"
+                else "float outputs"
             )
+            p.add_argument("--outputs", help=f"comma-separated output names (default: {default})")
         if name == "vmap":
             p.add_argument(
                 "--in-axes",
