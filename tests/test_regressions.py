@@ -88,7 +88,8 @@ def test_cli_external_data_result_saved_beside(
     monkeypatch.chdir(elsewhere)
     out = tmp_path / "result" / "jvp.onnx"
     out.parent.mkdir()
-    assert main(["jvp", str(path), str(out)]) == 0, capsys.readouterr().err
+    assert main(["jvp", str(path), str(out), "--check"]) == 0, capsys.readouterr().err
+    assert "fwd_y" in capsys.readouterr().out  # the --check table, from sessions of both models
     written = onnx.load(out, load_external_data=False)
     locations = {
         e.value for t in written.graph.initializer for e in t.external_data if e.key == "location"

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import argparse
 import sys
+import tempfile
 import time
 import traceback
 from collections import Counter
@@ -174,6 +175,12 @@ def _refuse_overwrite(source: str, results: Sequence[Path]) -> None:
             )
 
 
+def _has_external_data(model: ir.Model) -> bool:
+    return any(
+        isinstance(v.const_value, ir.ExternalTensor) for v in model.graph.initializers.values()
+    )
+
+
 def _save(model: ir.Model, source: ir.Model, path: str) -> None:
     """Writes ``model``; with external data beside it when the source kept its weights there.
 
@@ -181,10 +188,7 @@ def _save(model: ir.Model, source: ir.Model, path: str) -> None:
     the source's folder: saved as they are, they would point nowhere from another folder, and
     saved inline they could exceed protobuf's 2 GB.
     """
-    external = any(
-        isinstance(v.const_value, ir.ExternalTensor) for v in source.graph.initializers.values()
-    )
-    if external:
+    if _has_external_data(source):
         ir.save(model, path, external_data=Path(path).name + ".data")
     else:
         ir.save(model, path)
@@ -247,9 +251,17 @@ def _session(model: ir.Model) -> Callable[[Feeds], dict[str, np.ndarray]]:
 
     options = ort.SessionOptions()
     options.log_severity_level = 3
-    sess = ort.InferenceSession(
-        ir.to_proto(model).SerializeToString(), options, providers=["CPUExecutionProvider"]
-    )
+    if _has_external_data(model):
+        # From bytes, onnxruntime resolves external references against the working directory:
+        # the session reads a copy saved with its own data file instead.
+        with tempfile.TemporaryDirectory() as folder:
+            path = str(Path(folder) / "model.onnx")
+            ir.save(model, path, external_data="model.onnx.data")
+            sess = ort.InferenceSession(path, options, providers=["CPUExecutionProvider"])
+    else:
+        sess = ort.InferenceSession(
+            ir.to_proto(model).SerializeToString(), options, providers=["CPUExecutionProvider"]
+        )
     names = [o.name for o in sess.get_outputs()]
     wanted = [i.name for i in sess.get_inputs()]
 
