@@ -342,3 +342,12 @@ def test_loop_tangents_through_a_guessed_broadcast() -> None:
     check_jvp(model, feeds)
     check_vjp(model, feeds)
     check_vmap(model, feeds)
+
+
+def test_hessian_messages_name_hessian() -> None:
+    model = _text("g (float[3] x) => (float[3] y) { y = Sin (x) }")
+    with pytest.raises(SelectionError) as err:
+        onnax.hessian(model)
+    message = str(err.value)
+    assert message.startswith("hessian: the model has no rank-0 FLOAT/DOUBLE outputs"), message
+    assert "grad:" not in message

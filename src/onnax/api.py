@@ -221,7 +221,7 @@ def hessian(
     from onnax.passes.prepare import prepare
 
     prepared = prepare(model, "hessian")
-    y = scalar_output(prepared.graph, output)
+    y = scalar_output(prepared.graph, output, "hessian")
     first = jacobian_model(prepared, inputs, [str(y.name)], "rev")
     n_primal = len(prepared.graph.outputs)
     grads = [str(v.name) for v in list(first.graph.outputs)[n_primal:]]
