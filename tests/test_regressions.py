@@ -158,6 +158,13 @@ def test_graph_passing_its_input_through() -> None:
     vm = check_vjp(model, feeds)
     assert [v.name for v in vm.graph.inputs] == ["x", "adj_x"]
     check_vmap(model, feeds)
+    for jacobian in (onnax.jacfwd, onnax.jacrev):
+        jac = jacobian(model)
+        check_model_valid(jac)
+        np.testing.assert_array_equal(run(jac, feeds)["jac_x_x"], np.eye(3, dtype=np.float32))
+    scalar = _text("g (float x) => (float x) { }")
+    hess = onnax.hessian(scalar)
+    assert run(hess, {"x": np.array(2.0, np.float32)})["hess_x_x_x"] == 0.0
 
 
 def test_output_that_is_an_input_with_other_consumers() -> None:
