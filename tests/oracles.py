@@ -147,6 +147,24 @@ def selected_names(
     return in_names, out_names
 
 
+def jvp_default_outputs(model: ir.Model) -> list[str]:
+    """The outputs jvp differentiates by default (the seed contract of higher derivatives).
+
+    Float outputs named ``<fwd|adj|grad><level>_<a name of the model>`` when there are any (a
+    grad model's ``grad_w``), otherwise every float output.
+    """
+    g = model.graph
+    names = {v.name for v in (*g.inputs, *g.outputs)} | set(g.initializers)
+    _, floats = selected_names(model, [], None)
+    generated = []
+    for y in floats:
+        head, _, rest = y.partition("_")
+        kind = head.rstrip("0123456789")
+        if kind in ("fwd", "adj", "grad") and rest in names and head[len(kind) :] != "1":
+            generated.append(y)
+    return generated or floats
+
+
 def tolerances(dtype: np.dtype) -> dict[str, float]:
     # float32 differences with eps=1e-2 carry O(eps^2) truncation and O(1e-7/eps) rounding error.
     return {"rtol": 1e-5, "atol": 1e-6} if dtype == np.float64 else {"rtol": 3e-2, "atol": 3e-3}
@@ -168,6 +186,8 @@ def check_jvp(
     tangent_inputs = list(jm.graph.inputs)[n_in:]
     tangent_outputs = list(jm.graph.outputs)[n_out:]
     in_names, out_names = selected_names(model, inputs, outputs)
+    if outputs is None:
+        out_names = jvp_default_outputs(model)
     inits = _initializer_arrays(model)
     tangents = {}
     for x, t in zip(in_names, tangent_inputs, strict=True):
@@ -241,6 +261,8 @@ def check_adjoint(
 ) -> None:
     """<u, J v> from jvp(model) equals <Jᵀ u, v> from vjp(model)."""
     rng = np.random.default_rng(seed)
+    if outputs is None:  # the same outputs for both (jvp's default differs on derivative models)
+        outputs = jvp_default_outputs(model)
     jm, vm = onnax.jvp(model, inputs, outputs), onnax.vjp(model, inputs, outputs)
     g = model.graph
     n_in, n_out = len(g.inputs), len(g.outputs)

@@ -141,7 +141,7 @@ def test_refusal_of_a_jvp_rule_names_the_transform_called(transform: str) -> Non
         "g (float[4] x, bool t) => (float y) {\n"
         "  r = Constant<value = float {0.5}>()\n"
         "  d = Dropout(x, r, t)\n"
-        "  y = ReduceSum(d)\n"
+        "  y = ReduceSum<keepdims = 0>(d)\n"
         "}"
     )
     with pytest.raises(onnax.errors.UnsupportedOperatorError) as info:

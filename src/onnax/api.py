@@ -30,7 +30,11 @@ def jvp(
         model: The model to differentiate; it is not modified.
         inputs: Graph input or initializer names to differentiate with respect to, in order.
             Default: every FLOAT/DOUBLE graph input that is not an initializer.
-        outputs: Graph output names to differentiate, in order. Default: every FLOAT/DOUBLE output.
+        outputs: Graph output names to differentiate, in order. Default: every FLOAT/DOUBLE
+            output, except on a model that already holds generated derivative outputs
+            (``grad_<x>``, ``fwd_<y>``, ``adj_<x>``): then those only, so
+            ``jvp(grad(m, inputs=["w"], output="loss"), inputs=["w"])`` returns ``loss``,
+            ``grad_w`` and the Hessian-vector product ``fwd_grad_w``, without ``fwd_loss``.
 
     Returns:
         A new ``onnx_ir.Model`` built from ordinary ONNX operators.
@@ -217,7 +221,7 @@ def hessian(
     from onnax.passes.prepare import prepare
 
     prepared = prepare(model, "hessian")
-    y = scalar_output(prepared.graph, output)
+    y = scalar_output(prepared.graph, output, "hessian")
     first = jacobian_model(prepared, inputs, [str(y.name)], "rev")
     n_primal = len(prepared.graph.outputs)
     grads = [str(v.name) for v in list(first.graph.outputs)[n_primal:]]

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import argparse
 import sys
+import tempfile
 import time
 import traceback
 from collections import Counter
@@ -120,7 +121,77 @@ def _load(path: str) -> ir.Model:
     try:
         return ir.load(path)
     except Exception as err:
+        duplicate = _duplicate_value(path)
+        if duplicate is not None:
+            name, graph = duplicate
+            raise CliError(
+                f"cannot read {path}: the value name {name!r} is defined twice in graph "
+                f"{graph!r} (ONNX is single assignment: every node output, graph input and "
+                "initializer needs its own name). Rename one of the two definitions."
+            ) from err
         raise CliError(f"cannot read {path} as an ONNX model: {err}") from err
+
+
+def _duplicate_value(path: str) -> tuple[str, str] | None:
+    """The first value name defined twice in a graph of the file, and that graph's name.
+
+    onnx_ir refuses such a model with a message that names neither; the protobuf, read without
+    its weights, says which.
+    """
+    import onnx
+
+    try:
+        proto = onnx.load(path, load_external_data=False)
+    except Exception:
+        return None
+    graphs = [proto.graph]
+    while graphs:
+        graph = graphs.pop()
+        seen: set[str] = set()
+        defined = [
+            *(v.name for v in graph.input),
+            *(t.name for t in graph.initializer if t.name not in {v.name for v in graph.input}),
+            *(out for node in graph.node for out in node.output if out),
+        ]
+        for name in defined:
+            if name in seen:
+                return name, graph.name
+            seen.add(name)
+        for node in graph.node:
+            for attr in node.attribute:
+                graphs.extend([attr.g] if attr.HasField("g") else [])
+                graphs.extend(attr.graphs)
+    return None
+
+
+def _refuse_overwrite(source: str, results: Sequence[Path]) -> None:
+    """Refuses a result path that is the source file: the source would be lost."""
+    src = Path(source).resolve()
+    for result in results:
+        if result.resolve() == src:
+            raise CliError(
+                f"the result {str(result)!r} is the input model {source!r}: writing it would "
+                "overwrite the source. Give the result another file name."
+            )
+
+
+def _has_external_data(model: ir.Model) -> bool:
+    return any(
+        isinstance(v.const_value, ir.ExternalTensor) for v in model.graph.initializers.values()
+    )
+
+
+def _save(model: ir.Model, source: ir.Model, path: str) -> None:
+    """Writes ``model``; with external data beside it when the source kept its weights there.
+
+    The result shares the source's weight tensors, whose external references are relative to
+    the source's folder: saved as they are, they would point nowhere from another folder, and
+    saved inline they could exceed protobuf's 2 GB.
+    """
+    if _has_external_data(source):
+        ir.save(model, path, external_data=Path(path).name + ".data")
+    else:
+        ir.save(model, path)
 
 
 # --------------------------------------------------------------------------------- transforms
@@ -145,12 +216,13 @@ def _apply(args: argparse.Namespace, model: ir.Model) -> ir.Model:
 
 
 def _transform(args: argparse.Namespace, progress: Progress) -> int:
+    _refuse_overwrite(args.model, [Path(args.result)])
     progress(f"reading {args.model}")
     model = _load(args.model)
     progress(f"{args.command}: transforming {len(model.graph)} nodes")
     out = _apply(args, model)
     progress(f"writing {args.result}")
-    ir.save(out, args.result)
+    _save(out, model, args.result)
     progress.done()
     before_in = {v.name for v in model.graph.inputs}
     before_out = {v.name for v in model.graph.outputs}
@@ -179,9 +251,17 @@ def _session(model: ir.Model) -> Callable[[Feeds], dict[str, np.ndarray]]:
 
     options = ort.SessionOptions()
     options.log_severity_level = 3
-    sess = ort.InferenceSession(
-        ir.to_proto(model).SerializeToString(), options, providers=["CPUExecutionProvider"]
-    )
+    if _has_external_data(model):
+        # From bytes, onnxruntime resolves external references against the working directory:
+        # the session reads a copy saved with its own data file instead.
+        with tempfile.TemporaryDirectory() as folder:
+            path = str(Path(folder) / "model.onnx")
+            ir.save(model, path, external_data="model.onnx.data")
+            sess = ort.InferenceSession(path, options, providers=["CPUExecutionProvider"])
+    else:
+        sess = ort.InferenceSession(
+            ir.to_proto(model).SerializeToString(), options, providers=["CPUExecutionProvider"]
+        )
     names = [o.name for o in sess.get_outputs()]
     wanted = [i.name for i in sess.get_inputs()]
 
@@ -442,6 +522,12 @@ def format_check(rows: Sequence[Row]) -> str:
 def _family(args: argparse.Namespace, progress: Progress) -> int:
     from onnax.casadi import CasadiContractError, check_family, family
 
+    target = Path(args.result)
+    # The family rewrites f.onnx and every <kind>_f.onnx beside it (stale ones are removed).
+    sibling = Path(args.model).name.endswith(f"_{target.name}")
+    _refuse_overwrite(
+        args.model, [target, target.parent / Path(args.model).name] if sibling else [target]
+    )
     progress(f"reading {args.model}")
     model = _load(args.model)
     kinds = _names(args.kinds) or ["adj", "fwd_adj"]
@@ -599,9 +685,12 @@ def build_parser() -> argparse.ArgumentParser:
         if name in ("grad", "hessian"):
             p.add_argument("--output", help="the rank-0 output (default: the only one)")
         elif name != "vmap":
-            p.add_argument(
-                "--outputs", help="comma-separated output names (default: float outputs)"
+            default = (
+                "float outputs; on a derivative model, its grad_/fwd_/adj_ outputs"
+                if name == "jvp"
+                else "float outputs"
             )
+            p.add_argument("--outputs", help=f"comma-separated output names (default: {default})")
         if name == "vmap":
             p.add_argument(
                 "--in-axes",

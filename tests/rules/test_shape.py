@@ -477,13 +477,13 @@ def test_range_derivative_values() -> None:
 
 def test_pad_value_derivative_counts_padded_positions() -> None:
     m = model(
-        "g (double[2, 3] X, double v) => (double[3, 5] Y) { p = Constant <value = int64[4] {1, -1, 1, 3}> ()\n"
+        "g (double[2, 3] X, double v) => (double[4, 5] Y) { p = Constant <value = int64[4] {1, -1, 1, 3}> ()\n"
         " Y = Pad(X, p, v) }"
     )
     g = onnax.vjp(m, inputs=["v"])
-    got = run(g, {"X": np.zeros((2, 3)), "v": np.array(1.0), "adj_Y": np.ones((3, 5))})
-    # 15 outputs, of which X fills rows 1..1 (one row kept of two) and columns 1..2.
-    assert float(got["adj_v"]) == pytest.approx(15 - 1 * 2)
+    got = run(g, {"X": np.zeros((2, 3)), "v": np.array(1.0), "adj_Y": np.ones((4, 5))})
+    # 20 outputs, of which X fills rows 1..2 and, its first column cropped, columns 0..1.
+    assert float(got["adj_v"]) == pytest.approx(20 - 2 * 2)
 
 
 @pytest.mark.parametrize("flag", ["true", "runtime"])

@@ -15,7 +15,7 @@ from collections.abc import Iterable
 
 import onnx_ir as ir
 
-__all__ = ["NameClaims", "diff_prefix"]
+__all__ = ["DERIVATIVE_PREFIXES", "NameClaims", "derivative_outputs", "diff_prefix"]
 
 
 def diff_prefix(names: Iterable[str], prefix: str) -> str:
@@ -43,6 +43,32 @@ def diff_prefix(names: Iterable[str], prefix: str) -> str:
             continue
         highest = max(highest, level)
     return f"{prefix}_" if highest == 0 else f"{prefix}{highest + 1}_"
+
+
+DERIVATIVE_PREFIXES = ("fwd", "adj", "grad")
+"""The kinds of generated outputs a later transform can tell from the primal ones."""
+
+
+def derivative_outputs(graph: ir.Graph) -> list[ir.Value]:
+    """The graph outputs that an earlier transform generated, in graph order.
+
+    An output is generated when its name is ``<kind><level>_<name>`` (``grad_w``, ``fwd_y``,
+    ``adj2_x``) for a kind of :data:`DERIVATIVE_PREFIXES` and the name of a graph input,
+    initializer or other output: a user's output named ``grad_norm`` with nothing called
+    ``norm`` is primal.
+    """
+    names = {v.name for v in (*graph.inputs, *graph.outputs) if v.name}
+    names.update(graph.initializers)
+    found = []
+    for v in graph.outputs:
+        head, sep, rest = (v.name or "").partition("_")
+        if not sep or rest not in names or rest == v.name:
+            continue
+        kind = head.rstrip("0123456789")
+        level = head[len(kind) :]
+        if kind in DERIVATIVE_PREFIXES and level != "1" and not level.startswith("0"):
+            found.append(v)
+    return found
 
 
 def io_names(graph: ir.Graph) -> list[str]:
@@ -76,6 +102,10 @@ class NameClaims:
         while f"{base}_{k}" in self._owner:
             k += 1
         return f"{base}_{k}"
+
+    def is_public(self, name: str) -> bool:
+        """Whether ``name`` is a graph input or output name, generated ones included."""
+        return name in self._public
 
     def claim(self, value: ir.Value, name: str) -> None:
         """Names ``value`` ``name``, moving an internal value that holds it out of the way.

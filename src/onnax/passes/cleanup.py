@@ -5,6 +5,9 @@ from __future__ import annotations
 import onnx_ir as ir
 import onnx_ir.passes.common as common
 
+from onnax.core.batching import detach
+from onnax.core.subgraphs import graph_attributes
+
 __all__ = ["cleanup"]
 
 
@@ -14,18 +17,62 @@ def cleanup(model: ir.Model) -> ir.Model:
     The primal part of a derivative model is kept whole (its outputs are still outputs); what
     goes is the forward work that no requested derivative needs.
     """
+    _remove_dead_nodes(model.graph)
     common.RemoveUnusedNodesPass()(model)
     common.CommonSubexpressionEliminationPass()(model)
+    _remove_dead_nodes(model.graph)
     common.RemoveUnusedNodesPass()(model)
     # No shape inference here: the new graph outputs carry their types already, and the next
     # transform infers anyway. Skipping it saves a quarter of a transform's time on big graphs.
     model.graph.sort()
-    common.OutputFixPass()(model)
+    _fix_outputs(model)
     common.NameFixPass()(model)
     _unique_across_scopes(model)
     if not model.graph.name:
         model.graph.name = "main"
     return model
+
+
+def _remove_dead_nodes(graph: ir.Graph) -> None:
+    """Removes the nodes nothing uses, last first, detaching the bodies of removed ones.
+
+    ``RemoveUnusedNodesPass`` leaves the body of a removed If, Loop or Scan reading the values
+    it captures from the enclosing graph: those keep a use, so their producers stay, reading
+    values that are gone (vmap of an unused Loop that captures a batched value left the
+    unbatched producer behind, and the model failed onnx.checker's order check).
+    """
+    outputs = frozenset(graph.outputs)
+    for node in reversed(list(graph)):
+        if any(out in outputs or out.uses() for out in node.outputs):
+            for body in graph_attributes(node):
+                _remove_dead_nodes(body)
+            continue
+        for body in graph_attributes(node):
+            detach(body)
+        graph.remove(node, safe=True)
+
+
+def _fix_outputs(model: ir.Model) -> None:
+    """``OutputFixPass``, except that a main-graph input passed through as an output stays so.
+
+    The pass separates such an output from the input with an Identity and renames the input
+    ``<name>_orig``: a public input name would change (``(x) => (x)`` would take ``x_orig``).
+    The main graph's inputs and outputs keep their names, so the pass-through is restored
+    (onnx.checker and onnxruntime accept it: the source model had it).
+    """
+    graph = model.graph
+    passthrough = {v: v.name for v in graph.outputs if v.is_graph_input()}
+    common.OutputFixPass()(model)
+    for i, out in enumerate(list(graph.outputs)):
+        node = out.producer()
+        if node is None or node.op_type != "Identity" or node.graph is not graph:
+            continue
+        x = node.inputs[0]
+        if x is None or x not in passthrough or out.name != passthrough[x]:
+            continue
+        graph.outputs[i] = x
+        graph.remove(node, safe=True)
+        x.name = passthrough[x]
 
 
 def _unique_across_scopes(model: ir.Model) -> None:

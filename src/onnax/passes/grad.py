@@ -20,15 +20,17 @@ from onnax.passes.transpose import transpose_linear
 __all__ = ["GradPass", "scalar_output"]
 
 
-def scalar_output(graph: ir.Graph, output: str | None) -> ir.Value:
+def scalar_output(graph: ir.Graph, output: str | None, transform: str = "grad") -> ir.Value:
     """The rank-0 float output named ``output``, or the only one when ``output`` is None.
+
+    ``transform`` names the caller in messages (``hessian`` selects its output here too).
 
     Raises:
         SelectionError: With the shapes found and how to get a scalar.
     """
     if output is not None and not isinstance(output, str):
         raise SelectionError(
-            f"grad: `output` must be one graph output name (str), got {type(output).__name__}; "
+            f"{transform}: `output` must be one graph output name (str), got {type(output).__name__}; "
             "for several outputs use vjp(model, outputs=[...])"
         )
     if output is None:
@@ -42,16 +44,16 @@ def scalar_output(graph: ir.Graph, output: str | None) -> ir.Value:
             ]
             found = "no" if not scalars else f"{len(scalars)}"
             raise SelectionError(
-                f"grad: the model has {found} rank-0 FLOAT/DOUBLE outputs, expected exactly one. "
+                f"{transform}: the model has {found} rank-0 FLOAT/DOUBLE outputs, expected exactly one. "
                 f"Outputs: {described}. Pass output=<name> to choose the loss"
                 + (" among the rank-0 outputs" if scalars else "")
                 + "."
             )
         return scalars[0]
-    (y,) = select_outputs(graph, [output], "grad")
+    (y,) = select_outputs(graph, [output], transform)
     if y.shape is None or y.shape.rank() != 0:
         raise SelectionError(
-            f"grad: output {y.name!r} has shape {format_shape(y.shape)}, expected rank 0 (a scalar loss). "
+            f"{transform}: output {y.name!r} has shape {format_shape(y.shape)}, expected rank 0 (a scalar loss). "
             "Reduce it to a scalar in the model (e.g. ReduceSum or ReduceMean with keepdims=0) "
             f"or use vjp(model, outputs=[{y.name!r}]) and feed an explicit cotangent."
         )
@@ -91,5 +93,5 @@ class GradPass(ir.passes.FunctionalPass):
         seed = em.scalar(1.0, y)
         graph.extend(em.take())
         cts = transpose_linear(model, lin, [(y, seed)], xs)
-        append_outputs(em, graph, claims, prefix, list(zip(xs, cts, strict=True)))
+        append_outputs(em, graph, claims, prefix, list(zip(xs, cts, strict=True)), "grad")
         return ir.passes.PassResult(cleanup(model), modified=True)

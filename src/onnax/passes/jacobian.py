@@ -107,14 +107,19 @@ def jacobian_model(
     sizes = [_numel(em, here(v)) for v in basis_of]
     eye, offsets = _identity_rows(em, sizes, dtype)
     # Each seed input becomes its column block of the identity, reshaped to [K, *shape].
+    at = {str(v.name): i for i, v in enumerate(graph.outputs) if v.name in result_names}
     for name, value, size, offset in zip(seeded, basis_of, sizes, offsets, strict=True):
         block = em.slice(eye, offset, em.op("Add", [offset, size]), [1])
         shape = em.op("Concat", [em.ints([-1]), em.shape(here(value))], {"axis": 0})
-        inputs_by_name[name].replace_all_uses_with(em.op("Reshape", [block, shape]))
+        # A seed can be a result itself (the tangent of an output that is an input, x => x).
+        inputs_by_name[name].replace_all_uses_with(
+            em.op("Reshape", [block, shape]), replace_graph_outputs=True
+        )
+    outputs_by_name.update({name: graph.outputs[i] for name, i in at.items()})
     for name in seeded:
         graph.inputs.remove(inputs_by_name[name])
     # A mapped result is [K, *R]: cut the rows of each basis block and move them last.
-    kept = [v for v in graph.outputs if v.name not in result_names]
+    kept = [v for i, v in enumerate(graph.outputs) if i not in at.values()]
     graph.outputs.clear()
     graph.outputs.extend(kept)
     claims = NameClaims(mapped)

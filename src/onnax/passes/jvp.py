@@ -8,7 +8,7 @@ import onnx_ir as ir
 
 from onnax.core.emit import Emitter
 from onnax.core.gcpause import gc_paused
-from onnax.core.naming import NameClaims, diff_prefix, io_names
+from onnax.core.naming import NameClaims, derivative_outputs, diff_prefix, io_names
 from onnax.core.selection import select_inputs, select_outputs
 from onnax.passes.cleanup import cleanup
 from onnax.passes.linearize import linearize
@@ -28,7 +28,9 @@ class JvpPass(ir.passes.FunctionalPass):
     Args:
         inputs: Names of the graph inputs or initializers to differentiate with respect to
             (default: every FLOAT/DOUBLE graph input that is not an initializer).
-        outputs: Names of the graph outputs to differentiate (default: every FLOAT/DOUBLE output).
+        outputs: Names of the graph outputs to differentiate (default: every FLOAT/DOUBLE
+            output; on a model that holds generated derivative outputs, ``grad_<x>``,
+            ``fwd_<y>``, ``adj_<x>``, those only).
     """
 
     def __init__(
@@ -45,6 +47,12 @@ class JvpPass(ir.passes.FunctionalPass):
         graph = model.graph
         xs = select_inputs(graph, self.inputs, "jvp")
         ys = select_outputs(graph, self.outputs, "jvp")
+        if self.outputs is None:
+            # The seed contract of higher derivatives: on a model that holds generated
+            # derivatives (a grad model, say) the default differentiates those only, so
+            # jvp(grad(m)) is the HVP without the tangent of the loss, which costs a sweep.
+            generated = [y for y in derivative_outputs(graph) if y in ys]
+            ys = generated or ys
         prefix = diff_prefix(io_names(graph), "fwd")
         claims = NameClaims(model)
         lin = linearize(model, xs, "jvp", outputs=ys)
@@ -52,5 +60,5 @@ class JvpPass(ir.passes.FunctionalPass):
             claims.claim(t, prefix + x.name)  # type: ignore[operator]
         em = Emitter(lin.opset, lin.linear)
         ys = [lin.replaced.get(y, y) for y in ys]  # forward mode replaces control-flow nodes
-        append_outputs(em, graph, claims, prefix, [(y, lin.tangent.get(y)) for y in ys])
+        append_outputs(em, graph, claims, prefix, [(y, lin.tangent.get(y)) for y in ys], "jvp")
         return ir.passes.PassResult(cleanup(model), modified=True)

@@ -8,6 +8,7 @@ import onnx_ir as ir
 
 from onnax.core.emit import Emitter
 from onnax.core.naming import NameClaims
+from onnax.errors import SelectionError
 
 __all__ = ["append_outputs", "input_like", "materialize"]
 
@@ -38,15 +39,35 @@ def append_outputs(
     claims: NameClaims,
     prefix: str,
     pairs: Sequence[tuple[ir.Value, ir.Value | None]],
+    transform: str,
 ) -> None:
     """Appends one output ``<prefix><primal name>`` per ``(primal, derivative)`` pair.
 
     The output has the primal's type and shape; a missing derivative (a symbolic zero) becomes
     zeros.
+
+    Raises:
+        SelectionError: The output's name is already a generated input's (a graph output that
+            is a graph input, ``x``, has its seed ``adj_x`` named like the cotangent of input
+            ``x``) and the two values differ.
     """
     for primal, derivative in pairs:
+        name = f"{prefix}{primal.name}"
+        if derivative is not None and derivative.name == name and derivative.is_graph_input():
+            # A graph output that is its input (``(x) => (x)``) has as derivative the generated
+            # input of the same name: the derivative model passes it through, as the primal does.
+            graph.outputs.append(derivative)
+            continue
+        if claims.is_public(name):
+            raise SelectionError(
+                f"{transform}: the derivative of {primal.name!r} would be named {name!r}, which is "
+                f"already a generated input: {primal.name!r} is both a graph input and a graph "
+                "output, and the seed of that output is not the derivative of that input "
+                f"(the input has other consumers). Give the output its own name "
+                f"({primal.name}_out = Identity({primal.name})) or leave it out of the selection."
+            )
         out = materialize(em, graph, derivative, primal)
-        claims.claim(out, f"{prefix}{primal.name}")
+        claims.claim(out, name)
         out.type = primal.type
         out.shape = primal.shape.copy() if primal.shape is not None else None
         graph.outputs.append(out)

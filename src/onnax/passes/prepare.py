@@ -19,10 +19,11 @@ import onnx.shape_inference
 import onnx.version_converter
 import onnx_ir as ir
 import onnx_ir.passes.common as common
-from onnx_shape_inference import infer_symbolic_shapes
+from onnx_shape_inference import OpUsageError, ShapeInferenceError, infer_symbolic_shapes
 
 from onnax.core.opsets import DEFAULT_OPSET, MAX_OPSET, MIN_OPSET
 from onnax.errors import InvalidModelError
+from onnax.passes.broadcast_dims import forget_guessed_broadcasts
 from onnax.passes.clone import clone_model
 from onnax.passes.inline_if import simplify_control_flow
 from onnax.passes.scan8 import unbatch_scan8
@@ -51,10 +52,77 @@ def infer_shapes(model: ir.Model) -> None:
     inferred from them, get their shapes cleared (:func:`_forget_guessed_ranks`): the rules
     then use a rank-free form or refuse with a message.
     """
+    declared = _declared_io_shapes(model)
     model.graph.sort()
-    infer_symbolic_shapes(model, warn_on_missing=False)
+    _infer_past_guesses(model)
     for graph in (model.graph, *model.graph.subgraphs()):
         _forget_guessed_ranks(graph)
+    forget_guessed_broadcasts(model)
+    _keep_declared_dims(declared)
+
+
+_NOT_INFERRED = "onnax.not_inferred"
+"""A domain without inference rules: a node moved there is passed over by inference."""
+
+
+def _infer_past_guesses(model: ir.Model) -> None:
+    """Symbolic shape inference that passes over the nodes whose rule refuses its own guesses.
+
+    The model passed onnx.checker's full check before, so a rule that raises does so on a
+    shape inference guessed earlier (a ``Squeeze`` without axes keeps a symbolic dimension,
+    then ``Einsum "ij->ji"`` finds rank 3 for its 2 indices). Such a node keeps the outputs it
+    has (unknown shapes), as the rules work without, and inference goes on after it.
+    """
+    passed_over: list[tuple[ir.Node, str]] = []
+    try:
+        while True:
+            try:
+                infer_symbolic_shapes(model, warn_on_missing=False)
+                return
+            except (OpUsageError, ShapeInferenceError) as err:
+                node = _refusing_node(model, err)
+                if node is None or node.domain == _NOT_INFERRED:
+                    raise
+                passed_over.append((node, node.domain))
+                node.domain = _NOT_INFERRED
+    finally:
+        for node, domain in passed_over:
+            node.domain = domain
+
+
+def _refusing_node(model: ir.Model, err: Exception) -> ir.Node | None:
+    if isinstance(err, OpUsageError):
+        return err.node
+    assert isinstance(err, ShapeInferenceError)
+    named = [n for n in model.graph.all_nodes() if err.node_name and n.name == err.node_name]
+    return named[0] if len(named) == 1 else None
+
+
+def _declared_io_shapes(model: ir.Model) -> list[tuple[ir.Value, ir.Shape]]:
+    graph = model.graph
+    return [(v, v.shape.copy()) for v in (*graph.inputs, *graph.outputs) if v.shape is not None]
+
+
+def _keep_declared_dims(declared: list[tuple[ir.Value, ir.Shape]]) -> None:
+    """Puts back the dimensions the user declared on graph inputs and outputs.
+
+    Inference "refines" a declared symbolic dimension with a number when it finds one, and
+    that number can be a guess (``Slice(x[n], 2, 6)`` gets 4, right only when ``n >= 6``):
+    the derivative model would then declare ``y`` and its seed as ``[4]`` and onnxruntime
+    would refuse the inputs that the source accepts. Only unknown dimensions (``?``) and
+    missing shapes take inferred values.
+    """
+    for value, shape in declared:
+        inferred = value.shape
+        if inferred is None or inferred.rank() != shape.rank():
+            value.shape = shape
+            continue
+        dims = [
+            new if isinstance(old, ir.SymbolicDim) and old.value is None else old
+            for old, new in zip(shape.dims, inferred.dims, strict=True)
+        ]
+        if dims != list(inferred.dims):
+            value.shape = ir.Shape(dims)
 
 
 _RANK_FREE = frozenset({"Shape", "Size"})
@@ -120,8 +188,15 @@ def _skeleton_proto(model: ir.Model) -> tuple[onnx.ModelProto, list[str]]:
     """
     graph = model.graph
     demoted: list[tuple[ir.Value, ir.TensorProtocol, bool]] = []
+    inlined: list[tuple[ir.Value, ir.TensorProtocol]] = []
     for name, value in list(graph.initializers.items()):
         if not _is_weight(value):
+            tensor = value.const_value
+            if isinstance(tensor, ir.ExternalTensor):
+                # The checker resolves an external reference against the working directory
+                # (a proto has no folder); the skeleton carries the few small ones inline.
+                inlined.append((value, tensor))
+                value.const_value = ir.Tensor(tensor.numpy(), name=tensor.name)
             continue
         tensor = value.const_value
         assert tensor is not None
@@ -138,6 +213,8 @@ def _skeleton_proto(model: ir.Model) -> tuple[onnx.ModelProto, list[str]]:
     try:
         proto = ir.to_proto(model)
     finally:
+        for value, tensor in inlined:
+            value.const_value = tensor
         for value, tensor, appended in demoted:
             if appended:
                 graph.inputs.remove(value)
@@ -161,23 +238,40 @@ def _restore_weights(source: ir.Model, converted: ir.Model, appended: list[str])
 
 
 def _check(proto: onnx.ModelProto, transform: str) -> None:
-    """Runs onnx.checker on the model's skeleton."""
+    """Runs onnx.checker on the model's skeleton, with strict shape and type inference.
+
+    The full check catches nodes that are well formed but meaningless (``Transpose`` with
+    ``perm=[0, 0]``), which the plain check lets through to an invalid result.
+    """
     try:
-        onnx.checker.check_model(proto)
-    except onnx.checker.ValidationError as err:
+        onnx.checker.check_model(proto, full_check=True)
+    except (onnx.checker.ValidationError, onnx.shape_inference.InferenceError) as err:
         raise InvalidModelError(
             f"{transform}: the model fails onnx.checker: {str(err).strip().splitlines()[0]} "
-            "Fix the model first; onnx.checker.check_model(onnx_ir.to_proto(model)) reproduces it."
+            "Fix the model first; onnx.checker.check_model(onnx_ir.to_proto(model), full_check=True) "
+            "reproduces it."
         ) from err
 
 
+def _default_domain_import(model: ir.Model) -> None:
+    """Gives the model the default-domain import under its canonical name ``""``.
+
+    Must run before the check: a model of other domains only (ai.onnx.ml, say) gets one, at a
+    version every supported runtime has, as the derivative nodes need it. A model importing
+    the default domain as ``"ai.onnx"`` gets it renamed, nodes included, as every pass reads
+    ``opset_imports[""]`` and emits nodes in the ``""`` domain.
+    """
+    imports = model.opset_imports
+    if "" in imports:
+        return
+    imports[""] = imports.pop("ai.onnx", DEFAULT_OPSET)
+    for node in model.graph.all_nodes():
+        if node.domain == "ai.onnx":
+            node.domain = ""
+
+
 def _opset(model: ir.Model, transform: str) -> int:
-    opset = model.opset_imports.get("", model.opset_imports.get("ai.onnx"))
-    if opset is None:
-        # A model of other domains only (ai.onnx.ml, say): derivative nodes still need the
-        # default domain, at a version every supported runtime has.
-        opset = DEFAULT_OPSET
-        model.opset_imports[""] = opset
+    opset = model.opset_imports[""]
     if opset > MAX_OPSET:
         raise InvalidModelError(
             f"{transform}: the model uses default-domain opset {opset}, newer than the supported "
@@ -304,9 +398,18 @@ def prepare(model: ir.Model, transform: str) -> ir.Model:
             f"{transform}: expected an onnx_ir.Model, got {type(model).__name__}. "
             "Load a file with onnx_ir.load(path) or convert a proto with onnx_ir.from_proto(proto)."
         )
+    if len(model.graph.outputs) == 0:
+        # onnx.checker accepts such a graph, but onnxruntime refuses to load it (and every
+        # node of it is dead), so no transform of it could run.
+        raise InvalidModelError(
+            f"{transform}: the graph {model.graph.name!r} has no outputs, expected at least one: "
+            "onnxruntime cannot load such a model and nothing in it can be differentiated or "
+            "batched. Add the values you need to model.graph.outputs."
+        )
     copy = clone_model(model)
     if _has_untyped_io(copy):
         infer_shapes(copy)  # the checker wants typed inputs and outputs
+    _default_domain_import(copy)
     proto, appended = _skeleton_proto(copy)
     _check(proto, transform)
     opset = _opset(copy, transform)

@@ -57,5 +57,7 @@ class VjpPass(ir.passes.FunctionalPass):
         cts = transpose_linear(model, lin, seeds, xs)
         for _, seed in seeds:
             graph.inputs.append(seed)
-        append_outputs(Emitter(lin.opset), graph, claims, prefix, list(zip(xs, cts, strict=True)))
+        append_outputs(
+            Emitter(lin.opset), graph, claims, prefix, list(zip(xs, cts, strict=True)), "vjp"
+        )
         return ir.passes.PassResult(cleanup(model), modified=True)

@@ -42,20 +42,21 @@ RANDOMNESS = ("error", "different", "same")
 
 def _resolve_axes(spec: AxisSpec, values: Sequence[ir.Value], what: str) -> list[int | None]:
     names = [v.name for v in values]
+    noun = "input" if what == "in_axes" else "output"
     if spec is None or isinstance(spec, int):
         return [spec] * len(values)
     if isinstance(spec, Mapping):
         unknown = [k for k in spec if k not in names]
         if unknown:
             raise SelectionError(
-                f"vmap: {what} names {unknown}, which are not graph {what[:-5]}s. Graph {what[:-5]}s: {names}"
+                f"vmap: {what} names {unknown}, which are not graph {noun}s. Graph {noun}s: {names}"
             )
         return [spec.get(n) if n is not None else None for n in names]
     axes = list(spec)
     if len(axes) != len(values):
         raise SelectionError(
-            f"vmap: {what} has {len(axes)} entries, but the model has {len(values)} {what[:-5]}s "
-            f"{names}. Give one entry per {what[:-5]} (None for shared ones), or a dict by name."
+            f"vmap: {what} has {len(axes)} entries, but the model has {len(values)} {noun}s "
+            f"{names}. Give one entry per {noun} (None for shared ones), or a dict by name."
         )
     return axes
 
@@ -148,9 +149,18 @@ class VmapPass(ir.passes.FunctionalPass):
     ) -> None:
         super().__init__()
         if randomness not in RANDOMNESS:
-            raise ValueError(f"vmap: randomness={randomness!r} is not one of {list(RANDOMNESS)}")
-        if axis_size is not None and (not isinstance(axis_size, int) or axis_size < 1):
-            raise ValueError(f"vmap: axis_size must be a positive int or None, got {axis_size!r}")
+            raise SelectionError(
+                f"vmap: randomness={randomness!r} is not a policy for random operators; expected "
+                "one of 'error' (refuse them, the default), 'different' (independent samples per "
+                "example) or 'same' (one sample shared by every example). Pass one of these."
+            )
+        if axis_size is not None and (
+            not isinstance(axis_size, int) or isinstance(axis_size, bool) or axis_size < 1
+        ):
+            raise SelectionError(
+                f"vmap: axis_size must be a positive int or None (symbolic), got {axis_size!r}. "
+                "Pass the batch size, or None to keep it symbolic."
+            )
         self.in_axes = in_axes
         self.out_axes = out_axes
         self.axis_size = axis_size
@@ -240,6 +250,11 @@ class VmapPass(ir.passes.FunctionalPass):
                 dims = list(y.shape.dims) if y.shape is not None else None
                 if dims is not None:
                     dims.insert(axis, dim)
+            if new.is_graph_input() and new.name == y.name:
+                # An input passed through as an output (``(x) => (x)``) stays so, under its name.
+                graph.extend(bx.take())
+                graph.outputs[i] = new
+                continue
             if new is y or new.is_graph_input() or new.is_graph_output():
                 new = bx.op("Identity", [new])
             graph.extend(bx.take())

@@ -216,10 +216,16 @@ def _check_selectable(bx: Batcher, node: ir.Node, then_g: ir.Graph, else_g: ir.G
 
 
 def _inline(node: ir.Node, branch: ir.Graph) -> list[ir.Node]:
-    """Moves the nodes of a branch into the node's graph, right before the node."""
+    """Moves the nodes of a branch into the node's graph, right before the node.
+
+    The branch is left without outputs: its results, now values of the enclosing graph, would
+    otherwise still count as outputs of a graph nobody holds, and passes that keep graph outputs
+    (common-subexpression elimination) refuse to replace them.
+    """
     graph = node.graph
     assert graph is not None
     nodes = list(branch)
+    branch.outputs.clear()
     for n in nodes:
         branch.remove(n)
     graph.insert_before(node, nodes)

@@ -48,8 +48,14 @@ Dim = int | ir.SymbolicDim
 
 
 # ------------------------------------------------------------------------------- helpers
-def _dims(node: ir.Node, value: ir.Value, what: str) -> list[Dim]:
-    """The dimensions of ``value``; reverse mode needs at least its rank."""
+def _dims(node: ir.Node, value: ir.Value, what: str, term: Sequence[str] = ("...",)) -> list[Dim]:
+    """The dimensions of ``value``; reverse mode needs at least its rank.
+
+    An Einsum operand's ``term`` without an ellipsis gives the rank when inference has none
+    (behind a ``Squeeze`` without axes, say): then every dimension is unknown.
+    """
+    if value.shape is None and "..." not in term:
+        return [ir.SymbolicDim(None) for _ in term]
     if value.shape is None:
         origin = _origin(node)
         raise UnsupportedOperatorError(
@@ -462,7 +468,7 @@ def _einsum_transpose(
     assert x is not None and y.dtype is not None
     terms, output = _parse_equation(node)
     term_k = terms[k]
-    dims_k = _dims(node, x, "input")
+    dims_k = _dims(node, x, "input", term_k)
     labels_k = _layout(term_k, len(dims_k))
 
     # The operands of the cotangent Einsum, besides operand k's helpers: ct and the others.
@@ -471,7 +477,7 @@ def _einsum_transpose(
     seen: dict[Label, list[Dim]] = {}
 
     def note(term: Term, value: ir.Value, what: str) -> None:
-        dims = _dims(node, value, what)
+        dims = _dims(node, value, what, term)
         for label, d in zip(_layout(term, len(dims)), dims, strict=True):
             seen.setdefault(label, []).append(d)
 

@@ -1,0 +1,76 @@
+"""Undoing the guesses shape inference makes when it broadcasts two symbolic dimensions.
+
+onnx_shape_inference broadcasts two different symbolic dimensions (``n`` and ``m``, or ``n``
+and an unknown one) by picking one of them, assuming they are equal. Either may be 1 at run
+time, and then the result has the other's size. A derivative model that declares the guessed
+dimension misleads onnxruntime, which plans buffers from equal dimension names ("Shape mismatch
+attempting to re-use buffer {1} != {2}" in a jvp through two Loops), and the reverse-mode
+rules skip the unbroadcast summation the run needs (a cotangent of the broadcast size for an
+input of size 1). Here such a dimension becomes unknown, which every rule handles at run time.
+"""
+
+from __future__ import annotations
+
+import onnx_ir as ir
+
+__all__ = ["forget_guessed_broadcasts"]
+
+BROADCASTING = frozenset(
+    {
+        "Add", "Sub", "Mul", "Div", "Pow", "Mod", "Max", "Min", "Mean", "Sum", "Where",
+        "Equal", "Less", "LessOrEqual", "Greater", "GreaterOrEqual", "And", "Or", "Xor",
+        "BitShift", "BitwiseAnd", "BitwiseOr", "BitwiseXor", "PRelu",
+    }
+)  # fmt: skip
+"""Elementwise operators with multidirectional (numpy) broadcasting of all their inputs."""
+
+Dim = int | ir.SymbolicDim
+
+
+def _sound_dim(dims: list[Dim]) -> Dim | None:
+    """The broadcast of one axis's dimensions, or None when it depends on run-time sizes."""
+    ints = {d for d in dims if isinstance(d, int) and d != 1}
+    if ints:
+        return ints.pop() if len(ints) == 1 else None
+    symbols = [d for d in dims if not isinstance(d, int)]
+    if not symbols:
+        return 1
+    first = symbols[0]
+    if first.value is not None and all(s == first for s in symbols):
+        return first
+    return None
+
+
+def _forget(node: ir.Node) -> None:
+    shapes = [v.shape for v in node.inputs if v is not None]
+    if not shapes or any(s is None for s in shapes):
+        return
+    rank = max(s.rank() for s in shapes if s is not None)
+    padded: list[list[Dim]] = [
+        [*([1] * (rank - s.rank())), *s.dims] for s in shapes if s is not None
+    ]
+    for out in node.outputs:
+        if out.shape is None or out.shape.rank() != rank or out.is_graph_output():
+            continue
+        dims = list(out.shape.dims)
+        changed = False
+        for axis, inferred in enumerate(dims):
+            if isinstance(inferred, int):
+                continue
+            sound = _sound_dim([p[axis] for p in padded])
+            if sound is None and inferred.value is not None:
+                dims[axis] = ir.SymbolicDim(None)
+                changed = True
+        if changed:
+            out.shape = ir.Shape(dims)
+
+
+def forget_guessed_broadcasts(model: ir.Model) -> None:
+    """Makes unknown every broadcast dimension that inference guessed, in graph order.
+
+    A broadcast reading a corrected value is judged on the corrected shape, so chains of
+    elementwise operators follow; a graph output keeps what the user declared.
+    """
+    for node in model.graph.all_nodes():
+        if node.domain in ("", "ai.onnx") and node.op_type in BROADCASTING:
+            _forget(node)
