@@ -111,8 +111,8 @@ def _graphs(graph: ir.Graph) -> Iterator[ir.Graph]:
     yield from graph.subgraphs()
 
 
-def _known(value: ir.Value | None) -> np.ndarray | None:
-    """The contents of a value known before run time, or None."""
+def _known(value: ir.Value | None) -> ir.TensorProtocol | None:
+    """The tensor of a value known before run time, or None (reading no data)."""
     if value is None:
         return None
     tensor = value.const_value
@@ -120,12 +120,17 @@ def _known(value: ir.Value | None) -> np.ndarray | None:
         node = value.producer()
         if node is None or node.op_type != "Constant" or node.domain not in ("", "ai.onnx"):
             return None
-        tensor = ir.convenience.get_const_tensor(value)
+        attr = node.attributes.get("value")
+        if attr is not None and attr.type == ir.AttributeType.TENSOR and not attr.is_ref():
+            # Read directly: get_const_tensor checks the attribute against a runtime
+            # protocol, which costs more than everything else here on a big graph.
+            tensor = attr.value
+        else:
+            tensor = ir.convenience.get_const_tensor(value)
         if tensor is None:
             return None
-    if tensor.size > MAX_FOLDED_ELEMENTS:
-        return None
-    return tensor.numpy()
+        value.const_value = tensor  # what emitted constants carry too (core/emit.py)
+    return tensor if tensor.size <= MAX_FOLDED_ELEMENTS else None
 
 
 def _static_shape(node: ir.Node) -> np.ndarray | None:
@@ -183,11 +188,14 @@ def _results(node: ir.Node, opset: int) -> list[np.ndarray] | None:
     if node.op_type in ("Shape", "Size"):
         static = _static_shape(node)
         return None if static is None else [static]
-    args = [_known(v) for v in node.inputs]
-    if any(a is None and v is not None for a, v in zip(args, node.inputs, strict=True)):
+    tensors = [_known(v) for v in node.inputs]
+    if any(t is None and v is not None for t, v in zip(tensors, node.inputs, strict=True)):
         return None
-    if not any(a is not None for a in args) and node.op_type != "ConstantOfShape":
-        return None  # nothing but omitted optional inputs: not ours to evaluate
+    if not any(t is not None for t in tensors):
+        return None  # no inputs, or only omitted optional ones: nothing to fold
+    args = [None if t is None else t.numpy() for t in tensors]
+    if node.op_type == "Identity":
+        return [args[0]] if args[0] is not None else None  # the commonest, without the evaluator
     try:
         results = _evaluate(node, args, opset)
     except Exception:  # left computed: the runtime evaluates it
