@@ -18,9 +18,9 @@ until nothing more is learnt:
 * **The other engine.** ``onnx.shape_inference.infer_shapes`` (data propagation on, strict mode
   off) runs on the model's skeleton (weights demoted to inputs, see
   :func:`onnax.passes.prepare._skeleton_proto`), and its answer is taken for the values that
-  still have no shape or no type. It never replaces a shape onnx_shape_inference gave, and its
-  dimensions are taken only when they are numbers or symbols the model already uses: its own
-  placeholders (``unk__3``) become anonymous dimensions, never a guessed value.
+  still have no shape or no type. It never replaces a shape onnx_shape_inference gave, and only
+  its numbers are taken: its symbolic dimensions (its own placeholders ``unk__3``, and symbols
+  it may have broadcast by a guess) become anonymous ones.
 
 Both only ever add knowledge that holds for every run of the model, so the guessed ranks of a
 ``Squeeze`` without axes (see :func:`onnax.passes.prepare.infer_shapes`) are excluded from both
@@ -252,18 +252,6 @@ def _fold(model: ir.Model, guessed: Callable[[ir.Graph], Set[ir.Value]]) -> bool
 
 
 # ----------------------------------------------------------------- onnx.shape_inference
-def _symbols(model: ir.Model) -> set[str]:
-    """The names of the symbolic dimensions the model's values carry."""
-    names: set[str] = set()
-    for graph in _graphs(model.graph):
-        values = [*graph.inputs, *(o for n in graph for o in n.outputs)]
-        for v in values:
-            if v.shape is None:
-                continue
-            names.update(d.value for d in v.shape.dims if isinstance(d, ir.SymbolicDim) and d.value)
-    return names
-
-
 def _proto_types(graph: onnx.GraphProto, into: dict[str, list[onnx.TypeProto]]) -> None:
     for info in (*graph.value_info, *graph.output):
         into.setdefault(info.name, []).append(info.type)
@@ -273,18 +261,19 @@ def _proto_types(graph: onnx.GraphProto, into: dict[str, list[onnx.TypeProto]]) 
                 _proto_types(sub, into)
 
 
-def _shape_of(tensor_type: onnx.TypeProto.Tensor, symbols: set[str]) -> ir.Shape | None:
+def _shape_of(tensor_type: onnx.TypeProto.Tensor) -> ir.Shape | None:
+    """The shape onnx gives, with its numbers; its symbolic dimensions become anonymous.
+
+    onnx broadcasts an unknown dimension against a symbolic one to the symbol (``Expand`` of
+    ``[N, 1]`` to a shape known at run time gives ``[N, unk__0]``), which is a guess: with
+    ``N = 1`` the result has the target's length. Its numbers do not have that problem (a
+    dimension other than 1 broadcasts to itself or the model is invalid).
+    """
     if not tensor_type.HasField("shape"):
         return None
-    dims: list[int | str | None] = []
-    for d in tensor_type.shape.dim:
-        if d.HasField("dim_value"):
-            dims.append(int(d.dim_value))
-        elif d.HasField("dim_param") and d.dim_param in symbols:
-            dims.append(d.dim_param)
-        else:
-            dims.append(None)  # onnx's own placeholder: unknown, whatever its name
-    return ir.Shape(dims)
+    return ir.Shape(
+        [int(d.dim_value) if d.HasField("dim_value") else None for d in tensor_type.shape.dim]
+    )
 
 
 def _adopt_onnx_shapes(model: ir.Model, guessed: Callable[[ir.Graph], Set[ir.Value]]) -> bool:
@@ -311,7 +300,6 @@ def _adopt_onnx_shapes(model: ir.Model, guessed: Callable[[ir.Graph], Set[ir.Val
         return False
     types: dict[str, list[onnx.TypeProto]] = {}
     _proto_types(inferred.graph, types)
-    symbols = _symbols(model)
     learnt = False
     skips: dict[ir.Graph, Set[ir.Value]] = {}
     for graph, out in wanting:
@@ -327,7 +315,7 @@ def _adopt_onnx_shapes(model: ir.Model, guessed: Callable[[ir.Graph], Set[ir.Val
             out.dtype = ir.DataType(tensor_type.elem_type)
             learnt = True
         if out.shape is None:
-            shape = _shape_of(tensor_type, symbols)
+            shape = _shape_of(tensor_type)
             if shape is not None:
                 out.shape = shape
                 learnt = True
