@@ -27,6 +27,7 @@ from onnax.passes.broadcast_dims import forget_guessed_broadcasts
 from onnax.passes.clone import clone_model
 from onnax.passes.inline_if import simplify_control_flow
 from onnax.passes.scan8 import unbatch_scan8
+from onnax.passes.shape_fill import complete_shapes
 
 __all__ = ["MIN_OPSET", "infer_shapes", "prepare"]
 
@@ -46,15 +47,21 @@ in memory on an image model. Converting to MIN_OPSET is the fallback when this f
 def infer_shapes(model: ir.Model) -> None:
     """Runs symbolic shape inference in place (sorting first, as inference walks in list order).
 
+    onnx_shape_inference's answers are completed by :func:`~onnax.passes.shape_fill.complete_shapes`:
+    static shape arithmetic is folded into ``const_value`` annotations and
+    ``onnx.shape_inference`` fills what is still unknown, alternating with onnx_shape_inference.
+
     onnx_shape_inference gives a ``Squeeze`` without axes the input's rank when some of its
     dimensions are symbolic, which is a guess (a dimension that is 1 at run time goes away),
     and rules reading that rank would lay cotangents out wrongly. Such outputs, and every value
     inferred from them, get their shapes cleared (:func:`_forget_guessed_ranks`): the rules
-    then use a rank-free form or refuse with a message.
+    then use a rank-free form or refuse with a message. Neither completion step reads or fills
+    them.
     """
     declared = _declared_io_shapes(model)
     model.graph.sort()
     _infer_past_guesses(model)
+    complete_shapes(model, _infer_past_guesses, _guessed_ranks)
     for graph in (model.graph, *model.graph.subgraphs()):
         _forget_guessed_ranks(graph)
     forget_guessed_broadcasts(model)
@@ -158,16 +165,21 @@ def _shape_inputs(node: ir.Node) -> Sequence[ir.Value | None]:
     return node.inputs
 
 
-def _forget_guessed_ranks(graph: ir.Graph) -> None:
+def _guessed_ranks(graph: ir.Graph) -> set[ir.Value]:
+    """The values of ``graph`` whose shapes rest on a guessed rank (see :func:`infer_shapes`)."""
     guessed: set[ir.Value] = set()
     for node in graph:
         if node.op_type in _RANK_FREE:
             continue
         if _guesses_rank(node) or any(v in guessed for v in _shape_inputs(node) if v is not None):
-            for out in node.outputs:
-                guessed.add(out)
-                if not out.is_graph_output():
-                    out.shape = None
+            guessed.update(node.outputs)
+    return guessed
+
+
+def _forget_guessed_ranks(graph: ir.Graph) -> None:
+    for out in _guessed_ranks(graph):
+        if not out.is_graph_output():
+            out.shape = None
 
 
 def _has_untyped_io(model: ir.Model) -> bool:

@@ -1,0 +1,322 @@
+"""Completing the shapes that onnx_shape_inference leaves unknown.
+
+Exporters (TorchScript above all) compute the shapes of masks and broadcasts at run time:
+``Expand(mask, Where(Equal(c, ConstantOfShape(..) * -1), ConstantOfShape(..), c))``, with
+``c`` a constant or ``Shape``/``Gather``/``Concat`` arithmetic on static dimensions.
+onnx_shape_inference propagates the contents of shape vectors through some of those operators
+but not through ``ConstantOfShape``, ``Equal`` or a ``Where`` whose branches differ, so the
+``Expand`` gets no shape and nor does anything computed from it: rules that need a rank refuse.
+
+:func:`complete_shapes` closes that gap in two ways, alternating with onnx_shape_inference
+until nothing more is learnt:
+
+* **Folding.** A node whose inputs are all constant (initializers, ``Constant`` nodes, values
+  folded before) and whose result is small gets that result as its outputs' ``const_value``,
+  as onnx_shape_inference itself does for the shape vectors it can compute. ``Shape`` and
+  ``Size`` of a value with a static shape are constant too. The graph is not changed: only
+  values are annotated, so nothing a caller holds (nodes, names) moves.
+* **The other engine.** ``onnx.shape_inference.infer_shapes`` (data propagation on, strict mode
+  off) runs on the model's skeleton (weights demoted to inputs, see
+  :func:`onnax.passes.prepare._skeleton_proto`), and its answer is taken for the values that
+  still have no shape or no type. It never replaces a shape onnx_shape_inference gave, and only
+  its numbers are taken: its symbolic dimensions (its own placeholders ``unk__3``, and symbols
+  it may have broadcast by a guess) become anonymous ones.
+
+Both only ever add knowledge that holds for every run of the model, so the guessed ranks of a
+``Squeeze`` without axes (see :func:`onnax.passes.prepare.infer_shapes`) are excluded from both
+and cleared afterwards as before.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable, Iterator, Set
+
+import numpy as np
+import onnx
+import onnx.helper
+import onnx.shape_inference
+import onnx_ir as ir
+from onnx.reference import ReferenceEvaluator
+
+from onnax.core.diagnostics import RANDOM_OPS
+
+__all__ = ["MAX_FOLDED_ELEMENTS", "complete_shapes"]
+
+logger = logging.getLogger(__name__)
+
+MAX_FOLDED_ELEMENTS = 1024
+"""Results larger than this are not folded: shape arithmetic is small, masks and data are not."""
+
+_MAX_ROUNDS = 6
+"""Rounds of folding + re-inference. Each round only runs when the previous one learnt
+something a consumer can use; chains of Shape-of-Expand-of-Shape need one round per link."""
+
+_NOT_FOLDED = RANDOM_OPS | {"Constant", "If", "Loop", "Scan", "SequenceConstruct"}
+"""Operators whose outputs are not a function of their inputs' values alone (random ones),
+or that hold subgraphs, or whose result is no tensor."""
+
+_EXACT_TYPES = frozenset(
+    {
+        ir.DataType.INT64,
+        ir.DataType.INT32,
+        ir.DataType.INT16,
+        ir.DataType.INT8,
+        ir.DataType.UINT64,
+        ir.DataType.UINT32,
+        ir.DataType.UINT16,
+        ir.DataType.UINT8,
+        ir.DataType.BOOL,
+    }
+)
+"""Shape arithmetic is integer (and boolean for the conditions of ``Where``)."""
+
+_EXACT_FLOAT_OPS = frozenset(
+    {"Abs", "Add", "Cast", "Ceil", "Concat", "ConstantOfShape", "Div", "Equal", "Expand"}
+    | {"Floor", "Gather", "Identity", "Max", "Min", "Mul", "Neg", "Reshape", "Round", "Slice"}
+    | {"Sqrt", "Squeeze", "Sub", "Unsqueeze", "Where"}
+)
+"""Operators whose float results are exactly rounded (IEEE) or copied, so that folding them
+gives the runtime's bits: exporters compute resized sizes as ``Floor(Cast(Shape) * scale)``.
+Others (Exp, Pow...) may round differently from one implementation to the next."""
+
+
+def complete_shapes(
+    model: ir.Model,
+    infer: Callable[[ir.Model], None],
+    guessed: Callable[[ir.Graph], Set[ir.Value]],
+) -> None:
+    """Folds static shape arithmetic and adopts onnx.shape_inference's answers, in place.
+
+    Args:
+        model: A model on which ``infer`` has run once (its graphs sorted).
+        infer: Runs onnx_shape_inference on ``model`` again (it refines, never overrides).
+        guessed: The values of a graph whose shapes rest on a guessed rank; they are neither
+            folded nor given the other engine's shapes.
+    """
+    adopted = False
+    for _ in range(_MAX_ROUNDS):
+        learnt = _fold(model, guessed)
+        if not learnt and not adopted:
+            adopted = True
+            learnt = _adopt_onnx_shapes(model, guessed)
+        if not learnt:
+            return
+        infer(model)
+
+
+# ------------------------------------------------------------------------------ folding
+def _graphs(graph: ir.Graph) -> Iterator[ir.Graph]:
+    yield graph
+    yield from graph.subgraphs()
+
+
+def _known(value: ir.Value | None) -> ir.TensorProtocol | None:
+    """The tensor of a value known before run time, or None (reading no data)."""
+    if value is None:
+        return None
+    tensor = value.const_value
+    if tensor is None:
+        node = value.producer()
+        if node is None or node.op_type != "Constant" or node.domain not in ("", "ai.onnx"):
+            return None
+        attr = node.attributes.get("value")
+        if attr is not None and attr.type == ir.AttributeType.TENSOR and not attr.is_ref():
+            # Read directly: get_const_tensor checks the attribute against a runtime
+            # protocol, which costs more than everything else here on a big graph.
+            tensor = attr.value
+        else:
+            tensor = ir.convenience.get_const_tensor(value)
+        if tensor is None:
+            return None
+        value.const_value = tensor  # what emitted constants carry too (core/emit.py)
+    return tensor if tensor.size <= MAX_FOLDED_ELEMENTS else None
+
+
+def _static_shape(node: ir.Node) -> np.ndarray | None:
+    """``Shape`` (with ``start``/``end``) or ``Size`` of an input whose shape is static."""
+    x = node.inputs[0] if node.inputs else None
+    if x is None or x.shape is None or not x.shape.is_static():
+        return None
+    dims = np.array(list(x.shape.numpy()), dtype=np.int64)
+    if node.op_type == "Size":
+        return np.array(int(np.prod(dims)), dtype=np.int64)
+    rank = len(dims)
+    start = node.attributes.get_int("start", 0)
+    end = node.attributes.get_int("end", rank)
+    return dims[slice(max(-rank, min(start, rank)), max(-rank, min(end, rank)))]
+
+
+def _evaluate(node: ir.Node, args: list[np.ndarray | None], opset: int) -> list[np.ndarray]:
+    """Runs one node through the ONNX reference implementation."""
+    names = [f"i{k}" if a is not None else "" for k, a in enumerate(args)]
+    proto = ir.to_proto(node)
+    del proto.input[:]
+    proto.input.extend(names)
+    del proto.output[:]
+    outputs = [f"o{k}" for k in range(len(node.outputs))]
+    proto.output.extend(outputs)
+    graph = onnx.helper.make_graph(
+        [proto],
+        "fold",
+        [onnx.helper.make_empty_tensor_value_info(n) for n in names if n],
+        [onnx.helper.make_empty_tensor_value_info(n) for n in outputs],
+    )
+    single = onnx.helper.make_model(
+        graph, opset_imports=[onnx.helper.make_opsetid("", opset)], ir_version=10
+    )
+    feeds = {n: a for n, a in zip(names, args, strict=True) if n}
+    return [np.asarray(r) for r in ReferenceEvaluator(single).run(None, feeds)]
+
+
+def _foldable(node: ir.Node) -> bool:
+    if node.domain not in ("", "ai.onnx") or node.op_type in _NOT_FOLDED:
+        return False
+    if any(out.const_value is not None for out in node.outputs):
+        return False  # folded before (or by onnx_shape_inference)
+    if node.op_type not in _EXACT_FLOAT_OPS and any(
+        out.dtype is not None and out.dtype not in _EXACT_TYPES for out in node.outputs
+    ):
+        return False
+    return not any(
+        a.type in (ir.AttributeType.GRAPH, ir.AttributeType.GRAPHS) or a.is_ref()
+        for a in node.attributes.values()
+    )
+
+
+def _results(node: ir.Node, opset: int) -> list[np.ndarray] | None:
+    if node.op_type in ("Shape", "Size"):
+        static = _static_shape(node)
+        return None if static is None else [static]
+    tensors = [_known(v) for v in node.inputs]
+    if any(t is None and v is not None for t, v in zip(tensors, node.inputs, strict=True)):
+        return None
+    if not any(t is not None for t in tensors):
+        return None  # no inputs, or only omitted optional ones: nothing to fold
+    args = [None if t is None else t.numpy() for t in tensors]
+    if node.op_type == "Identity":
+        return [args[0]] if args[0] is not None else None  # the commonest, without the evaluator
+    try:
+        results = _evaluate(node, args, opset)
+    except Exception:  # left computed: the runtime evaluates it
+        logger.debug("not folded: %s %r", node.op_type, node.name, exc_info=True)
+        return None
+    if sum(r.size for r in results) > MAX_FOLDED_ELEMENTS:
+        return None
+    if node.op_type not in _EXACT_FLOAT_OPS and any(
+        ir.DataType.from_numpy(r.dtype) not in _EXACT_TYPES for r in results
+    ):
+        return None
+    return results
+
+
+def _agrees(value: ir.Value, array: np.ndarray) -> bool:
+    if value.dtype is not None and value.dtype != ir.DataType.from_numpy(array.dtype):
+        return False
+    shape = value.shape
+    if shape is None:
+        return True
+    return shape.rank() == array.ndim and all(
+        not isinstance(d, int) or d == n for d, n in zip(shape.dims, array.shape, strict=True)
+    )
+
+
+def _fold(model: ir.Model, guessed: Callable[[ir.Graph], Set[ir.Value]]) -> bool:
+    """Annotates every newly constant value; True if one of them feeds a node."""
+    opset = model.opset_imports.get("", model.opset_imports.get("ai.onnx", 1))
+    learnt = False
+    for graph in _graphs(model.graph):
+        skip = guessed(graph)
+        for node in graph:
+            if not _foldable(node) or any(v in skip for v in node.inputs if v is not None):
+                continue
+            results = _results(node, opset)
+            if results is None:
+                continue
+            if not all(
+                _agrees(out, array) for out, array in zip(node.outputs, results, strict=True)
+            ):
+                # The inference and the reference disagree: trust neither.
+                logger.debug("not folded (shapes disagree): %s %r", node.op_type, node.name)
+                continue
+            for out, array in zip(node.outputs, results, strict=True):
+                out.const_value = ir.tensor(array)
+                if out.dtype is None:
+                    out.dtype = ir.DataType.from_numpy(array.dtype)
+                if out.shape is None:
+                    # A shape already there stays, symbolic dimensions and all: a graph
+                    # output keeps the interface its author declared.
+                    out.shape = ir.Shape(list(array.shape))
+                learnt = learnt or bool(out.uses())
+    return learnt
+
+
+# ----------------------------------------------------------------- onnx.shape_inference
+def _proto_types(graph: onnx.GraphProto, into: dict[str, list[onnx.TypeProto]]) -> None:
+    for info in (*graph.value_info, *graph.output):
+        into.setdefault(info.name, []).append(info.type)
+    for node in graph.node:
+        for attr in node.attribute:
+            for sub in (attr.g,) if attr.HasField("g") else attr.graphs:
+                _proto_types(sub, into)
+
+
+def _shape_of(tensor_type: onnx.TypeProto.Tensor) -> ir.Shape | None:
+    """The shape onnx gives, with its numbers; its symbolic dimensions become anonymous.
+
+    onnx broadcasts an unknown dimension against a symbolic one to the symbol (``Expand`` of
+    ``[N, 1]`` to a shape known at run time gives ``[N, unk__0]``), which is a guess: with
+    ``N = 1`` the result has the target's length. Its numbers do not have that problem (a
+    dimension other than 1 broadcasts to itself or the model is invalid).
+    """
+    if not tensor_type.HasField("shape"):
+        return None
+    return ir.Shape(
+        [int(d.dim_value) if d.HasField("dim_value") else None for d in tensor_type.shape.dim]
+    )
+
+
+def _adopt_onnx_shapes(model: ir.Model, guessed: Callable[[ir.Graph], Set[ir.Value]]) -> bool:
+    """Gives onnx.shape_inference's shape (and type) to values that have none."""
+    wanting = [
+        (graph, out)
+        for graph in _graphs(model.graph)
+        for node in graph
+        for out in node.outputs
+        if out.name and (out.shape is None or out.type is None)
+    ]
+    if not wanting:
+        return False
+    # Imported here: prepare imports this module.
+    from onnax.passes.prepare import _skeleton_proto
+
+    try:
+        proto, _ = _skeleton_proto(model)
+        inferred = onnx.shape_inference.infer_shapes(
+            proto, check_type=False, strict_mode=False, data_prop=True
+        )
+    except Exception:  # the other engine is optional help
+        logger.debug("onnx.shape_inference failed", exc_info=True)
+        return False
+    types: dict[str, list[onnx.TypeProto]] = {}
+    _proto_types(inferred.graph, types)
+    learnt = False
+    skips: dict[ir.Graph, Set[ir.Value]] = {}
+    for graph, out in wanting:
+        found = types.get(str(out.name), [])
+        if len(found) != 1 or not found[0].HasField("tensor_type"):
+            continue  # unknown, or a name several scopes use: no way to tell which
+        if graph not in skips:
+            skips[graph] = guessed(graph)
+        if out in skips[graph]:
+            continue
+        tensor_type = found[0].tensor_type
+        if out.type is None and tensor_type.elem_type:
+            out.dtype = ir.DataType(tensor_type.elem_type)
+            learnt = True
+        if out.shape is None:
+            shape = _shape_of(tensor_type)
+            if shape is not None:
+                out.shape = shape
+                learnt = True
+    return learnt
