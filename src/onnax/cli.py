@@ -137,7 +137,10 @@ def _apply(args: argparse.Namespace, model: ir.Model) -> ir.Model:
         )
     inputs = _names(args.inputs)
     if args.command == "grad":
-        return api.grad(model, inputs, args.output)
+        return api.grad(model, inputs, args.output, args.accumulate)
+    if args.command in ("jvp", "vjp"):
+        transform_acc: Callable[..., ir.Model] = getattr(api, args.command)
+        return transform_acc(model, inputs, _names(args.outputs), args.accumulate)
     if args.command == "hessian":
         return api.hessian(model, inputs, args.output)
     transform: Callable[..., ir.Model] = getattr(api, args.command)
@@ -601,6 +604,14 @@ def build_parser() -> argparse.ArgumentParser:
         elif name != "vmap":
             p.add_argument(
                 "--outputs", help="comma-separated output names (default: float outputs)"
+            )
+        if name in ("grad", "jvp", "vjp"):
+            p.add_argument(
+                "--accumulate",
+                default="model",
+                choices=["model", "float32"],
+                help="arithmetic of FLOAT16/BFLOAT16 derivatives: the model's types (default) or "
+                "sums (reductions, MatMul, Conv, scatter-adds) in float32",
             )
         if name == "vmap":
             p.add_argument(
