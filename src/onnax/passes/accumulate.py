@@ -94,7 +94,7 @@ def accumulate_in_float(
             or (accumulate == "float32" and n.graph is main and n.op_type in ACCUMULATING_OPS)
         )
     ]
-    if not candidates:
+    if not candidates or not _holds_half(model):
         return 0
     # Emitted values need not carry their element type yet: inference gives it to all of them.
     infer_shapes(model)
@@ -109,6 +109,18 @@ def accumulate_in_float(
         for graph in model.graphs():
             graph.sort()
     return rewritten
+
+
+def _holds_half(model: ir.Model) -> bool:
+    """Whether any typed value is FLOAT16/BFLOAT16.
+
+    Otherwise there is nothing to do, and the model is left exactly as it is (no inference
+    writing shapes into it). The primal values are typed by prepare's inference, and no rule
+    emits a half value from non-half ones.
+    """
+    graph = model.graph
+    values = [*graph.inputs, *(v for n in graph.all_nodes() for v in n.outputs)]
+    return any(v.dtype in HALF_TYPES for v in values)
 
 
 def _scatter_with_reduction(node: ir.Node) -> bool:
