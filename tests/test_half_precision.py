@@ -543,3 +543,21 @@ def test_range_of_half_values_carries_its_tangent(dtype: str) -> None:
     got = run_half(jm, {**half, **{k: v.astype(NP_TYPE[dtype]) for k, v in tangents.items()}}, how)
     want = 0.5 + np.arange(4) * -0.25  # d(start + i * delta) along the tangents
     np.testing.assert_array_equal(np.asarray(got["fwd_y"], np.float64), want)
+
+
+@pytest.mark.parametrize("command", ["jvp", "vjp", "grad"])
+def test_cli_check_of_a_float16_model(
+    tmp_path: object, command: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """--check takes its differences on the FLOAT version of a FLOAT16 model: in FLOAT16 a step
+    of 3e-3 is three ulps near 1, and the check reported a correct derivative as wrong."""
+    import pathlib
+
+    from onnax.cli import main
+
+    root = pathlib.Path(str(tmp_path))
+    text = "g ({T}[3, 4] x, {T}[4] b) => ({T} y) { s = Add(x, b)\n t = Tanh(s)\n y = ReduceSum <keepdims = 0> (t) }"
+    ir.save(build(text, "float16"), root / "m.onnx")
+    assert main([command, str(root / "m.onnx"), str(root / "out.onnx"), "--check"]) == 0
+    table = capsys.readouterr().out
+    assert "FAIL" not in table and table.count(" ok") == (1 if command == "jvp" else 2), table
