@@ -8,6 +8,7 @@ import onnx_ir as ir
 
 from onnax.core.batching import RandomnessPolicy
 from onnax.passes import GradPass, JvpPass, VjpPass
+from onnax.passes.accumulate import Accumulate
 from onnax.passes.unroll import UnrollPass
 from onnax.passes.vmap import AxisSpec, VmapPass
 
@@ -18,6 +19,7 @@ def jvp(
     model: ir.Model,
     inputs: str | Sequence[str] | None = None,
     outputs: str | Sequence[str] | None = None,
+    accumulate: Accumulate = "model",
 ) -> ir.Model:
     """Forward mode: a model that also computes Jacobian-vector products.
 
@@ -35,6 +37,10 @@ def jvp(
             (``grad_<x>``, ``fwd_<y>``, ``adj_<x>``): then those only, so
             ``jvp(grad(m, inputs=["w"], output="loss"), inputs=["w"])`` returns ``loss``,
             ``grad_w`` and the Hessian-vector product ``fwd_grad_w``, without ``fwd_loss``.
+        accumulate: The arithmetic of the derivatives of FLOAT16/BFLOAT16 values: ``"model"``
+            (default) computes them in the model's own element types; ``"float32"`` runs the
+            sums among them (reductions, MatMul, Gemm, Conv, scatter-adds) in FLOAT and casts
+            each result back. FLOAT and DOUBLE models are unaffected.
 
     Returns:
         A new ``onnx_ir.Model`` built from ordinary ONNX operators.
@@ -44,13 +50,14 @@ def jvp(
         UnsupportedOperatorError: A derivative reaches an operator without a rule.
         InvalidModelError: The model fails ``onnx.checker`` or its opset is not supported.
     """
-    return JvpPass(inputs, outputs)(model).model
+    return JvpPass(inputs, outputs, accumulate)(model).model
 
 
 def vjp(
     model: ir.Model,
     inputs: str | Sequence[str] | None = None,
     outputs: str | Sequence[str] | None = None,
+    accumulate: Accumulate = "model",
 ) -> ir.Model:
     """Reverse mode: a model that also computes vector-Jacobian products.
 
@@ -64,6 +71,10 @@ def vjp(
         inputs: Graph input or initializer names to differentiate with respect to, in order.
             Default: every FLOAT/DOUBLE graph input that is not an initializer.
         outputs: Graph output names to differentiate, in order. Default: every FLOAT/DOUBLE output.
+        accumulate: The arithmetic of the derivatives of FLOAT16/BFLOAT16 values: ``"model"``
+            (default) computes them in the model's own element types; ``"float32"`` runs the
+            sums among them (reductions, MatMul, Gemm, Conv, scatter-adds) in FLOAT and casts
+            each result back. FLOAT and DOUBLE models are unaffected.
 
     Returns:
         A new ``onnx_ir.Model`` built from ordinary ONNX operators.
@@ -73,13 +84,14 @@ def vjp(
         UnsupportedOperatorError: A derivative reaches an operator without a rule.
         InvalidModelError: The model fails ``onnx.checker`` or its opset is not supported.
     """
-    return VjpPass(inputs, outputs)(model).model
+    return VjpPass(inputs, outputs, accumulate)(model).model
 
 
 def grad(
     model: ir.Model,
     inputs: str | Sequence[str] | None = None,
     output: str | None = None,
+    accumulate: Accumulate = "model",
 ) -> ir.Model:
     """The gradient of one rank-0 output, with an implicit unit seed.
 
@@ -92,6 +104,10 @@ def grad(
         inputs: Graph input or initializer names, in order. Default: every FLOAT/DOUBLE graph
             input that is not an initializer.
         output: The rank-0 FLOAT/DOUBLE output to differentiate. Default: the only one.
+        accumulate: The arithmetic of the derivatives of FLOAT16/BFLOAT16 values: ``"model"``
+            (default) computes them in the model's own element types; ``"float32"`` runs the
+            sums among them (reductions, MatMul, Gemm, Conv, scatter-adds) in FLOAT and casts
+            each result back. FLOAT and DOUBLE models are unaffected.
 
     Returns:
         A new ``onnx_ir.Model`` built from ordinary ONNX operators.
@@ -101,7 +117,7 @@ def grad(
         UnsupportedOperatorError: A derivative reaches an operator without a rule.
         InvalidModelError: The model fails ``onnx.checker`` or its opset is not supported.
     """
-    return GradPass(inputs, output)(model).model
+    return GradPass(inputs, output, accumulate)(model).model
 
 
 def vmap(

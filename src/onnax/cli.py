@@ -208,7 +208,10 @@ def _apply(args: argparse.Namespace, model: ir.Model) -> ir.Model:
         )
     inputs = _names(args.inputs)
     if args.command == "grad":
-        return api.grad(model, inputs, args.output)
+        return api.grad(model, inputs, args.output, args.accumulate)
+    if args.command in ("jvp", "vjp"):
+        transform_acc: Callable[..., ir.Model] = getattr(api, args.command)
+        return transform_acc(model, inputs, _names(args.outputs), args.accumulate)
     if args.command == "hessian":
         return api.hessian(model, inputs, args.output)
     transform: Callable[..., ir.Model] = getattr(api, args.command)
@@ -287,6 +290,11 @@ def _random_feeds(model: ir.Model, rng: np.random.Generator, size: int = 2) -> F
     return feeds
 
 
+def _widen_array(a: np.ndarray) -> np.ndarray:
+    """FLOAT16/BFLOAT16 data as float32 (exact), the feeds of a half model's FLOAT version."""
+    return a.astype(np.float32) if a.dtype == np.float16 or a.dtype.name == "bfloat16" else a
+
+
 def _eps(dtype: np.dtype) -> tuple[float, float]:
     """Finite-difference step and relative tolerance for an element type."""
     return (1e-6, 1e-5) if dtype == np.float64 else (3e-3, 2e-2)
@@ -302,12 +310,15 @@ def check_transform(
 
     Returns rows ``(what, output, scale, error, ok)``.
     """
+    from onnax.core.widen import holds_half, widen_half
     from onnax.passes.prepare import prepare
 
     rng = np.random.default_rng(0)
     source = prepare(source, args.command)  # typed outputs, to know which axes were added
     progress("--check: building sessions")
-    f = _session(source)
+    # A half model's differences are taken on its FLOAT version (a FLOAT16 step drowns in
+    # rounding), fed the same values widened exactly.
+    f = _session(widen_half(source) if holds_half(source) else source)
     g = _session(result)
     feeds = _random_feeds(source, rng)
     floats = {k for k, v in feeds.items() if v.dtype.kind == "f"}
@@ -316,8 +327,10 @@ def check_transform(
     rows: list[Row] = []
 
     def fd(direction: Feeds, eps: float) -> dict[str, np.ndarray]:
-        plus = {k: v + eps * direction[k] if k in direction else v for k, v in feeds.items()}
-        minus = {k: v - eps * direction[k] if k in direction else v for k, v in feeds.items()}
+        wide = {k: _widen_array(v) for k, v in feeds.items()}
+        step = {k: eps * _widen_array(d) for k, d in direction.items()}
+        plus = {k: v + step[k] if k in step else v for k, v in wide.items()}
+        minus = {k: v - step[k] if k in step else v for k, v in wide.items()}
         a, b = f(plus), f(minus)
         return {k: (a[k].astype(np.float64) - b[k].astype(np.float64)) / (2 * eps) for k in a}
 
@@ -691,6 +704,14 @@ def build_parser() -> argparse.ArgumentParser:
                 else "float outputs"
             )
             p.add_argument("--outputs", help=f"comma-separated output names (default: {default})")
+        if name in ("grad", "jvp", "vjp"):
+            p.add_argument(
+                "--accumulate",
+                default="model",
+                choices=["model", "float32"],
+                help="arithmetic of FLOAT16/BFLOAT16 derivatives: the model's types (default) or "
+                "sums (reductions, MatMul, Conv, scatter-adds) in float32",
+            )
         if name == "vmap":
             p.add_argument(
                 "--in-axes",

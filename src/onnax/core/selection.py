@@ -9,7 +9,9 @@ import onnx_ir as ir
 from onnax.errors import SelectionError
 
 __all__ = [
+    "FLOAT_NAMES",
     "FLOAT_TYPES",
+    "HALF_TYPES",
     "default_inputs",
     "format_shape",
     "is_float",
@@ -17,12 +19,57 @@ __all__ = [
     "select_outputs",
 ]
 
-FLOAT_TYPES = frozenset({ir.DataType.FLOAT, ir.DataType.DOUBLE})
+# The element types onnax differentiates and batches. The half types compute their derivatives
+# in their own precision unless a transform is asked to accumulate in FLOAT (passes/accumulate.py).
+HALF_TYPES = frozenset({ir.DataType.FLOAT16, ir.DataType.BFLOAT16})
+FLOAT_TYPES = frozenset({ir.DataType.FLOAT, ir.DataType.DOUBLE}) | HALF_TYPES
+FLOAT_NAMES = "FLOAT16, BFLOAT16, FLOAT or DOUBLE"
 
 
 def is_float(value: ir.Value) -> bool:
-    """True for a FLOAT or DOUBLE tensor value."""
+    """True for a FLOAT16, BFLOAT16, FLOAT or DOUBLE tensor value."""
     return isinstance(value.type, ir.TensorType) and value.dtype in FLOAT_TYPES
+
+
+def _kind(value: ir.Value) -> str:
+    """What the value holds, as the refusal messages state it."""
+    vtype = value.type
+    if isinstance(vtype, ir.SequenceType):
+        return f"a sequence ({vtype})"
+    if isinstance(vtype, ir.OptionalType):
+        return f"an optional ({vtype})"
+    if isinstance(vtype, ir.SparseTensorType):
+        return f"a sparse tensor ({vtype})"
+    return value.dtype.name if value.dtype is not None else str(vtype)
+
+
+def _refusal(value: ir.Value, what: str, transform: str) -> str:
+    """Why ``value`` cannot be selected, and what to do instead."""
+    vtype = value.type
+    if isinstance(vtype, (ir.SequenceType, ir.OptionalType)):
+        kind = "sequence" if isinstance(vtype, ir.SequenceType) else "optional"
+        holder = "inside a sequence" if kind == "sequence" else "inside an optional"
+        remedy = (
+            "Leave it out of `inputs`; it is treated as a constant. To differentiate the tensors "
+            f"{holder}, pass them as tensor inputs and build the {kind} in the model"
+            if what == "input"
+            else f"Select a tensor output; to differentiate the tensors {holder}, output them as "
+            "tensors as well"
+        )
+        return (
+            f"{transform}: {what} {value.name!r} is {_kind(value)}, expected a tensor of "
+            f"{FLOAT_NAMES}: onnax differentiates tensors only. {remedy}"
+        )
+    remedy = (
+        "Leave it out of `inputs`; it is treated as a constant"
+        if what == "input"
+        else "Select a floating-point output"
+    )
+    found = "has no derivative" if what == "output" else "cannot be differentiated"
+    return (
+        f"{transform}: {what} {_describe(value)} {found}: found {_kind(value)}, expected "
+        f"{FLOAT_NAMES}. {remedy}"
+    )
 
 
 def _as_list(names: str | Sequence[str] | None, what: str, transform: str) -> list[str] | None:
@@ -46,7 +93,7 @@ def _as_list(names: str | Sequence[str] | None, what: str, transform: str) -> li
 
 
 def default_inputs(graph: ir.Graph) -> list[ir.Value]:
-    """FLOAT and DOUBLE graph inputs that are not initializers (IR < 4 lists weights as inputs)."""
+    """Floating-point graph inputs that are not initializers (IR < 4 lists weights as inputs)."""
     return [v for v in graph.inputs if is_float(v) and v.name not in graph.initializers]
 
 
@@ -82,14 +129,10 @@ def select_inputs(
             selectable = [n for n, v in available.items() if is_float(v)]
             raise SelectionError(
                 f"{transform}: no graph input or initializer named {name!r}. "
-                f"Selectable FLOAT/DOUBLE names: {selectable}"
+                f"Selectable floating-point names: {selectable}"
             )
         if not is_float(value):
-            raise SelectionError(
-                f"{transform}: input {_describe(value)} cannot be differentiated: found "
-                f"{value.dtype.name if value.dtype is not None else value.type}, expected FLOAT or "
-                "DOUBLE. Leave it out of `inputs`; it is treated as a constant"
-            )
+            raise SelectionError(_refusal(value, "input", transform))
         chosen.append(value)
     return chosen
 
@@ -97,7 +140,7 @@ def select_inputs(
 def select_outputs(
     graph: ir.Graph, names: str | Sequence[str] | None, transform: str
 ) -> list[ir.Value]:
-    """Resolves an output selection (default: every FLOAT/DOUBLE graph output).
+    """Resolves an output selection (default: every floating-point graph output).
 
     Raises:
         SelectionError: For an unknown name (listing the outputs) or a non-float output.
@@ -114,10 +157,6 @@ def select_outputs(
                 f"{transform}: no graph output named {name!r}. Graph outputs: {list(by_name)}"
             )
         if not is_float(value):
-            raise SelectionError(
-                f"{transform}: output {_describe(value)} has no derivative: found "
-                f"{value.dtype.name if value.dtype is not None else value.type}, expected FLOAT or "
-                "DOUBLE. Select a floating-point output"
-            )
+            raise SelectionError(_refusal(value, "output", transform))
         chosen.append(value)
     return chosen

@@ -11,6 +11,7 @@ from onnax.core.gcpause import gc_paused
 from onnax.core.naming import NameClaims, diff_prefix, io_names
 from onnax.core.selection import format_shape, is_float, select_inputs, select_outputs
 from onnax.errors import SelectionError
+from onnax.passes.accumulate import Accumulate, accumulate_in_float, check_accumulate
 from onnax.passes.cleanup import cleanup
 from onnax.passes.linearize import linearize
 from onnax.passes.outputs import append_outputs
@@ -70,20 +71,28 @@ class GradPass(ir.passes.FunctionalPass):
         inputs: Names of the graph inputs or initializers to differentiate with respect to
             (default: every FLOAT/DOUBLE graph input that is not an initializer).
         output: The rank-0 FLOAT/DOUBLE output (default: the only one there is).
+        accumulate: ``"model"`` computes the derivatives in the model's element types;
+            ``"float32"`` runs the sums among them (reductions, MatMul, Gemm, Conv, scatter-adds)
+            in FLOAT where they combine FLOAT16/BFLOAT16 values.
     """
 
     def __init__(
-        self, inputs: str | Sequence[str] | None = None, output: str | None = None
+        self,
+        inputs: str | Sequence[str] | None = None,
+        output: str | None = None,
+        accumulate: Accumulate = "model",
     ) -> None:
         super().__init__()
         self.inputs = inputs
         self.output = output
+        self.accumulate = check_accumulate(accumulate, "grad")
 
     @gc_paused
     def call(self, model: ir.Model) -> ir.passes.PassResult:
         """Builds the gradient model; the argument is left untouched."""
         model = prepare(model, "grad")
         graph = model.graph
+        primal = set(graph.all_nodes())
         y = scalar_output(graph, self.output)
         xs = select_inputs(graph, self.inputs, "grad")
         prefix = diff_prefix(io_names(graph), "grad")
@@ -94,4 +103,5 @@ class GradPass(ir.passes.FunctionalPass):
         graph.extend(em.take())
         cts = transpose_linear(model, lin, [(y, seed)], xs)
         append_outputs(em, graph, claims, prefix, list(zip(xs, cts, strict=True)), "grad")
+        accumulate_in_float(model, primal, self.accumulate)
         return ir.passes.PassResult(cleanup(model), modified=True)

@@ -10,6 +10,7 @@ from onnax.core.emit import Emitter
 from onnax.core.gcpause import gc_paused
 from onnax.core.naming import NameClaims, derivative_outputs, diff_prefix, io_names
 from onnax.core.selection import select_inputs, select_outputs
+from onnax.passes.accumulate import Accumulate, accumulate_in_float, check_accumulate
 from onnax.passes.cleanup import cleanup
 from onnax.passes.linearize import linearize
 from onnax.passes.outputs import append_outputs
@@ -31,20 +32,28 @@ class JvpPass(ir.passes.FunctionalPass):
         outputs: Names of the graph outputs to differentiate (default: every FLOAT/DOUBLE
             output; on a model that holds generated derivative outputs, ``grad_<x>``,
             ``fwd_<y>``, ``adj_<x>``, those only).
+        accumulate: ``"model"`` computes the derivatives in the model's element types;
+            ``"float32"`` runs the sums among them (reductions, MatMul, Gemm, Conv, scatter-adds)
+            in FLOAT where they combine FLOAT16/BFLOAT16 values.
     """
 
     def __init__(
-        self, inputs: str | Sequence[str] | None = None, outputs: str | Sequence[str] | None = None
+        self,
+        inputs: str | Sequence[str] | None = None,
+        outputs: str | Sequence[str] | None = None,
+        accumulate: Accumulate = "model",
     ) -> None:
         super().__init__()
         self.inputs = inputs
         self.outputs = outputs
+        self.accumulate = check_accumulate(accumulate, "jvp")
 
     @gc_paused
     def call(self, model: ir.Model) -> ir.passes.PassResult:
         """Builds the forward-mode model; the argument is left untouched."""
         model = prepare(model, "jvp")
         graph = model.graph
+        primal = set(graph.all_nodes())
         xs = select_inputs(graph, self.inputs, "jvp")
         ys = select_outputs(graph, self.outputs, "jvp")
         if self.outputs is None:
@@ -61,4 +70,5 @@ class JvpPass(ir.passes.FunctionalPass):
         em = Emitter(lin.opset, lin.linear)
         ys = [lin.replaced.get(y, y) for y in ys]  # forward mode replaces control-flow nodes
         append_outputs(em, graph, claims, prefix, [(y, lin.tangent.get(y)) for y in ys], "jvp")
+        accumulate_in_float(model, primal, self.accumulate)
         return ir.passes.PassResult(cleanup(model), modified=True)

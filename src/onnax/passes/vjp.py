@@ -10,6 +10,7 @@ from onnax.core.emit import Emitter
 from onnax.core.gcpause import gc_paused
 from onnax.core.naming import NameClaims, diff_prefix, io_names
 from onnax.core.selection import select_inputs, select_outputs
+from onnax.passes.accumulate import Accumulate, accumulate_in_float, check_accumulate
 from onnax.passes.cleanup import cleanup
 from onnax.passes.linearize import linearize
 from onnax.passes.outputs import append_outputs, input_like
@@ -30,20 +31,28 @@ class VjpPass(ir.passes.FunctionalPass):
         inputs: Names of the graph inputs or initializers to differentiate with respect to
             (default: every FLOAT/DOUBLE graph input that is not an initializer).
         outputs: Names of the graph outputs to differentiate (default: every FLOAT/DOUBLE output).
+        accumulate: ``"model"`` computes the derivatives in the model's element types;
+            ``"float32"`` runs the sums among them (reductions, MatMul, Gemm, Conv, scatter-adds)
+            in FLOAT where they combine FLOAT16/BFLOAT16 values.
     """
 
     def __init__(
-        self, inputs: str | Sequence[str] | None = None, outputs: str | Sequence[str] | None = None
+        self,
+        inputs: str | Sequence[str] | None = None,
+        outputs: str | Sequence[str] | None = None,
+        accumulate: Accumulate = "model",
     ) -> None:
         super().__init__()
         self.inputs = inputs
         self.outputs = outputs
+        self.accumulate = check_accumulate(accumulate, "vjp")
 
     @gc_paused
     def call(self, model: ir.Model) -> ir.passes.PassResult:
         """Builds the reverse-mode model; the argument is left untouched."""
         model = prepare(model, "vjp")
         graph = model.graph
+        primal = set(graph.all_nodes())
         xs = select_inputs(graph, self.inputs, "vjp")
         ys = select_outputs(graph, self.outputs, "vjp")
         prefix = diff_prefix(io_names(graph), "adj")
@@ -60,4 +69,5 @@ class VjpPass(ir.passes.FunctionalPass):
         append_outputs(
             Emitter(lin.opset), graph, claims, prefix, list(zip(xs, cts, strict=True)), "vjp"
         )
+        accumulate_in_float(model, primal, self.accumulate)
         return ir.passes.PassResult(cleanup(model), modified=True)

@@ -447,7 +447,8 @@ def _cast_jvp(em: Emitter, node: ir.Node, tangents: Tangents) -> list[ir.Value |
         raise UnsupportedOperatorError(
             f"cannot differentiate {op_label(node)} at opset {em.opset} ({node_label(node)}): it "
             f"casts a value that carries a derivative to {target.name} ({attr} = {target.name}), "
-            "but onnax differentiates FLOAT and DOUBLE values only, and dropping the derivative "
+            "but onnax differentiates FLOAT16, BFLOAT16, FLOAT and DOUBLE values only, and "
+            "dropping the derivative "
             "would silently give zeros. Remedy: compute this part of the model in FLOAT or DOUBLE "
             "(cast to FLOAT instead), or leave the inputs that reach this node out of `inputs`."
         )

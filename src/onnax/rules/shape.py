@@ -53,6 +53,7 @@ from onnax.core.registry import (
     jvp_rules,
     transpose_rules,
 )
+from onnax.core.selection import FLOAT_TYPES
 from onnax.core.shapes import unbroadcast
 from onnax.errors import UnsupportedOperatorError
 from onnax.rules._patterns import attributes_of, batch_data, original_input, register_zero
@@ -1202,9 +1203,7 @@ def _range_jvp(em: Emitter, node: ir.Node, tangents: Tangents) -> list[ir.Value 
     # limit, so limit has a zero derivative.
     y = node.outputs[0]
     t_start, t_delta = tangents[0], tangents[2]
-    if y.dtype not in (ir.DataType.FLOAT, ir.DataType.DOUBLE) or (
-        t_start is None and t_delta is None
-    ):
+    if y.dtype not in FLOAT_TYPES or (t_start is None and t_delta is None):
         return [None]
     terms: list[ir.Value | None] = []
     if t_start is not None:
