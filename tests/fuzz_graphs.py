@@ -13,6 +13,7 @@ from __future__ import annotations
 import dataclasses
 import zlib
 from collections.abc import Sequence
+from typing import ClassVar
 
 import numpy as np
 
@@ -261,9 +262,7 @@ class Generator:
         if kind == "domain":
             p = self.positive_of(x)
             op = str(self.rng.choice(DOMAIN_UNARY))
-            return self.emit(
-                f"{y} = {op} ({p.name})", [p.name], [Val(y, x.shape, op != "Log")]
-            )
+            return self.emit(f"{y} = {op} ({p.name})", [p.name], [Val(y, x.shape, op != "Log")])
         if kind == "kinked":
             op = str(self.rng.choice(list(KINKED_UNARY)[: 3 if self.dtype == "float" else 2]))
             attr = " <alpha = 0.1>" if op == "LeakyRelu" else ""
@@ -336,9 +335,7 @@ class Generator:
         n = int(self.rng.integers(1, rank + 1))
         axes = sorted(int(a) for a in self.rng.choice(rank, n, replace=False))
         keep = int(self.rng.integers(0, 2))
-        shape = tuple(
-            (1 if keep else None) if i in axes else d for i, d in enumerate(x.shape)
-        )
+        shape = tuple((1 if keep else None) if i in axes else d for i, d in enumerate(x.shape))
         shape = tuple(d for d in shape if d is not None)
         neg = [a - rank if self.rng.random() < 0.3 else a for a in axes]
         y = self.fresh("v")
@@ -356,7 +353,16 @@ class Generator:
     def shape_op(self) -> Val | None:
         kind = str(
             self.rng.choice(
-                ["Reshape", "Transpose", "Concat", "Slice", "Squeeze", "Unsqueeze", "Expand", "Gather"]
+                [
+                    "Reshape",
+                    "Transpose",
+                    "Concat",
+                    "Slice",
+                    "Squeeze",
+                    "Unsqueeze",
+                    "Expand",
+                    "Gather",
+                ]
             )
         )
         return getattr(self, "_" + kind.lower())()
@@ -395,7 +401,9 @@ class Generator:
         y = self.fresh("v")
         shape = tuple(x.shape[p] for p in perm)
         return self.emit(
-            f"{y} = Transpose <perm = {_ints(perm)}> ({x.name})", [x.name], [Val(y, shape, x.positive)]
+            f"{y} = Transpose <perm = {_ints(perm)}> ({x.name})",
+            [x.name],
+            [Val(y, shape, x.positive)],
         )
 
     def _concat(self) -> Val | None:
@@ -405,10 +413,16 @@ class Generator:
         axes = [i for i, d in enumerate(x.shape) if d != BATCH]
         axis = int(self.rng.choice(axes))
         other = self.pick(
-            lambda v: len(v.shape) == len(x.shape)
-            and v.name != x.name
-            and all(a == b for i, (a, b) in enumerate(zip(v.shape, x.shape)) if i != axis)
-            and v.shape[axis] != BATCH
+            lambda v: (
+                len(v.shape) == len(x.shape)
+                and v.name != x.name
+                and all(
+                    a == b
+                    for i, (a, b) in enumerate(zip(v.shape, x.shape, strict=True))
+                    if i != axis
+                )
+                and v.shape[axis] != BATCH
+            )
         )
         if other is None:
             shape = list(x.shape)
@@ -440,9 +454,7 @@ class Generator:
             step = int(self.rng.integers(1, 3))
             n = len(range(start, end, step))
             start = start - d if self.rng.random() < 0.3 else start
-        names = [
-            self.const(np.array([v], np.int64), "int64") for v in (start, end, axis, step)
-        ]
+        names = [self.const(np.array([v], np.int64), "int64") for v in (start, end, axis, step)]
         y = self.fresh("v")
         shape = list(x.shape)
         shape[axis] = n
@@ -472,7 +484,9 @@ class Generator:
     def _with_axes(self, op: str, x: Val, axes: list[int], y: str, shape: Shape) -> Val:
         if self.opset >= 13:
             ax = self.const(np.array(axes, np.int64), "int64")
-            return self.emit(f"{y} = {op} ({x.name}, {ax})", [x.name, ax], [Val(y, shape, x.positive)])
+            return self.emit(
+                f"{y} = {op} ({x.name}, {ax})", [x.name, ax], [Val(y, shape, x.positive)]
+            )
         return self.emit(
             f"{y} = {op} <axes = {_ints(axes)}> ({x.name})", [x.name], [Val(y, shape, x.positive)]
         )
@@ -481,10 +495,14 @@ class Generator:
         x = self.pick(lambda v: len(v.shape) <= 3)
         if x is None:
             return None
-        target = [int(self.rng.integers(2, 4)) if d == 1 else (1 if d == BATCH else d) for d in x.shape]
+        target = [
+            int(self.rng.integers(2, 4)) if d == 1 else (1 if d == BATCH else d) for d in x.shape
+        ]
         lead = [int(self.rng.integers(1, 3))] if self.rng.random() < 0.4 else []
         s = self.const(np.array(lead + target, np.int64), "int64")
-        shape = tuple(lead) + tuple(BATCH if d == BATCH else t for d, t in zip(x.shape, target))
+        shape = tuple(lead) + tuple(
+            BATCH if d == BATCH else t for d, t in zip(x.shape, target, strict=True)
+        )
         y = self.fresh("v")
         return self.emit(f"{y} = Expand ({x.name}, {s})", [x.name, s], [Val(y, shape, x.positive)])
 
@@ -500,7 +518,9 @@ class Generator:
         y = self.fresh("v")
         shape = (*x.shape[:axis], *ishape, *x.shape[axis + 1 :])
         return self.emit(
-            f"{y} = Gather <axis = {axis}> ({x.name}, {ind})", [x.name, ind], [Val(y, shape, x.positive)]
+            f"{y} = Gather <axis = {axis}> ({x.name}, {ind})",
+            [x.name, ind],
+            [Val(y, shape, x.positive)],
         )
 
     def norm(self) -> Val | None:
@@ -508,7 +528,17 @@ class Generator:
         if x is None:
             return None
         rank = len(x.shape)
-        kind = str(self.rng.choice(["Softmax", "LogSoftmax", "LayerNormalization", "BatchNormalization", "LpNormalization"]))
+        kind = str(
+            self.rng.choice(
+                [
+                    "Softmax",
+                    "LogSoftmax",
+                    "LayerNormalization",
+                    "BatchNormalization",
+                    "LpNormalization",
+                ]
+            )
+        )
         y = self.fresh("v")
         axis = int(self.rng.integers(-rank, rank))
         if kind in ("Softmax", "LogSoftmax"):
@@ -549,13 +579,17 @@ class Generator:
 
     def conv(self) -> Val | None:
         x = self.pick(
-            lambda v: len(v.shape) in (3, 4) and all(d != BATCH and int(d) >= 2 for d in v.shape[1:])
+            lambda v: (
+                len(v.shape) in (3, 4) and all(d != BATCH and int(d) >= 2 for d in v.shape[1:])
+            )
         )
         if x is None:
             if self.rng.random() < 0.5:
                 return None
             lead: Dim = BATCH if self.rng.random() < 0.5 else int(self.rng.integers(1, 3))
-            x = self.new_input((lead, *[int(self.rng.integers(2, 4))] + [int(self.rng.integers(3, 6))] * 2))
+            x = self.new_input(
+                (lead, *[int(self.rng.integers(2, 4))] + [int(self.rng.integers(3, 6))] * 2)
+            )
         spatial = [int(d) for d in x.shape[2:]]
         c = int(x.shape[1])
         kinds = ["Conv", "Conv", "AveragePool", "MaxPool", "GlobalAveragePool"]
@@ -676,7 +710,9 @@ class Generator:
         cap, cshape, _ = self.partner(x.shape)
         if broadcast(x.shape, cshape) != x.shape:
             return None
-        i, c, st, t, st2, c2, sc = (self.fresh(p) for p in ("i", "cond", "st", "t", "st", "cond", "sc"))
+        i, c, st, t, st2, c2, sc = (
+            self.fresh(p) for p in ("i", "cond", "st", "t", "st", "cond", "sc")
+        )
         fin, scan = self.fresh("v"), self.fresh("v")
         body = (
             f"{self.fresh('g')} (int64 {i}, bool {c}, {_typed('{T}', Val(st, x.shape))}) => "
@@ -685,12 +721,10 @@ class Generator:
             f"{c2} = Identity ({c})\n    }}"
         )
         text = f'{fin}, {scan} = Loop ({m}, "", {x.name}) <body = {body}>'
-        return self.emit(
-            text, [m, x.name, cap], [Val(fin, x.shape), Val(scan, (trips, *x.shape))]
-        )
+        return self.emit(text, [m, x.name, cap], [Val(fin, x.shape), Val(scan, (trips, *x.shape))])
 
     # --- the whole graph ------------------------------------------------------------------
-    FAMILIES = {
+    FAMILIES: ClassVar[dict[str, float]] = {
         "unary": 5,
         "binary": 5,
         "matmul": 2,
@@ -723,6 +757,13 @@ class Generator:
             outputs.insert(0, "loss")
         batch = int(self.rng.choice([1, 2, 3]))
         return Spec(
-            self.seed, self.opset, self.dtype, batch, self.inputs, self.flags, self.consts,
-            self.ops, outputs,
+            self.seed,
+            self.opset,
+            self.dtype,
+            batch,
+            self.inputs,
+            self.flags,
+            self.consts,
+            self.ops,
+            outputs,
         )

@@ -70,7 +70,7 @@ def validate(spec: Spec) -> str | None:
         model = ir.from_onnx_text(spec.text(expose=True))
         check_model_valid(model)
         got = run(model, spec.feeds())
-    except Exception as e:  # noqa: BLE001 - any failure means: draw another graph
+    except Exception as e:  # any failure means: draw another graph
         return f"invalid: {type(e).__name__}: {str(e)[:200]}"
     vals = spec.values()
     feeds = spec.feeds()
@@ -153,7 +153,7 @@ def _stage(
         if _refusal_ok(str(e)):
             return Outcome(stage, "refused", str(e)[:300], type(e).__name__), None
         return Outcome(stage, "crash", f"badly worded refusal: {e}", type(e).__name__), None
-    except Exception as e:  # noqa: BLE001 - a crash is an outcome
+    except Exception as e:  # a crash is an outcome
         return Outcome(stage, "crash", _short(e), type(e).__name__), None
     if _bytes(source) != before:
         return Outcome(stage, "mutated", "the source serialises differently"), built
@@ -166,15 +166,21 @@ def _stage(
         oracle(built)
     except AssertionError as e:
         return Outcome(stage, "wrong", str(e)[:600], "AssertionError"), built
-    except Exception as e:  # noqa: BLE001
+    except Exception as e:
         return Outcome(stage, "crash", _short(e), type(e).__name__), built
     return Outcome(stage, "ok"), built
 
 
 def _short(e: Exception) -> str:
     frames = traceback.extract_tb(e.__traceback__)
-    where = next((f"{f.filename.split('/src/')[-1]}:{f.lineno}" for f in reversed(frames)
-                  if "/src/onnax/" in f.filename), "")
+    where = next(
+        (
+            f"{f.filename.split('/src/')[-1]}:{f.lineno}"
+            for f in reversed(frames)
+            if "/src/onnax/" in f.filename
+        ),
+        "",
+    )
     return f"{type(e).__name__}: {str(e)[:400]} {where}".strip()
 
 
@@ -339,7 +345,7 @@ def shrink(
             return False
         try:
             got = check(s, [failure.stage])
-        except Exception:  # noqa: BLE001 - a candidate the checker cannot even build
+        except Exception:  # a candidate the checker cannot even build
             return False
         return any(o.kind == failure.kind and o.error == failure.error for o in got)
 

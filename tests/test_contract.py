@@ -180,6 +180,17 @@ def test_passes_work_in_a_pass_manager() -> None:
     assert isinstance(onnax.VjpPass(), ir.passes.FunctionalPass)
 
 
+def test_output_that_a_rule_also_computes_keeps_its_type() -> None:
+    # Found by the fuzzer: Sin's tangent emits Cos(a), which is the output c; CSE kept the
+    # emitted copy in c's place and the jvp model lost c's type (onnx.checker rejects it).
+    m = ir.from_onnx_text(
+        '<ir_version: 10, opset_import: ["" : 18]>'
+        "g (double[4] a) => (double[4] s, double[4] c) { c = Cos (a)  s = Sin (a) }"
+    )
+    jm = check_jvp(m, {"a": np.random.default_rng(0).standard_normal(4)})
+    assert [(v.dtype, v.shape) for v in jm.graph.outputs] == [(ir.DataType.DOUBLE, [4])] * 4
+
+
 def test_symbolic_dimension_survives() -> None:
     g = onnax.vjp(model())
     assert str(g.graph.outputs[-2].shape[0]) == "N"

@@ -24,7 +24,7 @@ from types import FrameType
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-import fuzzing  # noqa: E402
+import fuzzing
 
 
 class _Timeout(Exception):
@@ -57,7 +57,9 @@ def main(argv: list[str] | None = None) -> int:
             spec = fuzzing.generate(seed)
             outcomes = fuzzing.check(spec)
         except _Timeout:
-            outcomes = [fuzzing.Outcome("all", "crash", f"timeout after {args.timeout} s", "Timeout")]
+            outcomes = [
+                fuzzing.Outcome("all", "crash", f"timeout after {args.timeout} s", "Timeout")
+            ]
             spec = None
         finally:
             signal.alarm(0)
