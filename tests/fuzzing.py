@@ -336,9 +336,16 @@ def _candidates(spec: Spec) -> list[Spec]:
 
 
 def shrink(
-    spec: Spec, failure: Outcome, budget: int = 400, log: Callable[[str], None] | None = None
+    spec: Spec,
+    failure: Outcome,
+    budget: int = 400,
+    progress: Callable[[Spec], None] | None = None,
 ) -> Spec:
-    """A smaller spec on which ``failure.stage`` still fails as ``failure.kind``."""
+    """A smaller spec on which ``failure.stage`` still fails as ``failure.kind``.
+
+    ``progress`` is called with each smaller failing spec (a caller with a deadline keeps the
+    last one); ``budget`` bounds the candidates tried.
+    """
 
     def fails(s: Spec) -> bool:
         if validate(s) is not None:
@@ -351,16 +358,16 @@ def shrink(
 
     best = _prune(spec)
     trials = 0
-    progress = True
-    while progress and trials < budget:
-        progress = False
+    shrunk = True
+    while shrunk and trials < budget:
+        shrunk = False
         for cand in _candidates(best):
             trials += 1
             if fails(cand):
                 best = cand
-                progress = True
-                if log:
-                    log(f"  shrunk to {len(best.ops)} nodes")
+                shrunk = True
+                if progress:
+                    progress(best)
                 break
             if trials >= budget:
                 break

@@ -3,7 +3,7 @@
 Usage::
 
     uv run python tests/benchmarks/fuzz.py --count 1000 --budget-seconds 3600 --seed 0
-        [--timeout 60] [--no-shrink] [--verbose]
+        [--timeout 60] [--shrink-seconds 180] [--no-shrink] [--verbose]
 
 Prints one line per failing stage while it runs, then the summary line
 ``fuzz: N graphs, C crashes, W wrong, M mutated, D nondeterministic, R refused`` (each count is
@@ -27,8 +27,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 import fuzzing
 
 
-class _Timeout(Exception):
-    pass
+class _Timeout(BaseException):
+    """Not an Exception: the checker's ``except Exception`` must not swallow it."""
 
 
 def _alarm(signum: int, frame: FrameType | None) -> None:
@@ -41,6 +41,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--budget-seconds", type=float, default=600.0)
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--timeout", type=int, default=60, help="seconds per graph")
+    p.add_argument("--shrink-seconds", type=int, default=180, help="per distinct failure")
     p.add_argument("--no-shrink", action="store_true")
     p.add_argument("--verbose", action="store_true")
     args = p.parse_args(argv)
@@ -80,11 +81,13 @@ def main(argv: list[str] | None = None) -> int:
     for (stage, kind, error), (spec, outcome) in first.items():
         print(f"\n=== {stage}: {kind} ({error}), first at seed {spec.seed}: {outcome.detail[:400]}")
         if not args.no_shrink:
-            signal.alarm(args.timeout * 10)
+            latest = [spec]
+            signal.alarm(args.shrink_seconds)
             try:
-                spec = fuzzing.shrink(spec, outcome)
+                spec = fuzzing.shrink(spec, outcome, progress=latest.append)
             except _Timeout:
-                print("(shrinking timed out; the reproducer is the last smaller graph found)")
+                spec = latest[-1]
+                print("(shrinking timed out; this is the smallest failing graph found)")
             finally:
                 signal.alarm(0)
         print(fuzzing.reproducer(spec), flush=True)
