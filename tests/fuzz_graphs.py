@@ -78,6 +78,7 @@ class Spec:
     consts: list[Const]
     ops: list[Op]
     outputs: list[str]
+    constant_nodes: bool = False  # constants as Constant nodes (unnamed tensors), not initializers
 
     def values(self) -> dict[str, Val]:
         vals = {v.name: v for v in self.inputs}
@@ -93,8 +94,17 @@ class Spec:
         if expose:
             outs += [v.name for op in self.ops for v in op.outs if v.name not in outs]
         ins = [_typed(t, v) for v in self.inputs] + [f"bool {f}" for f in self.flags]
-        inits = ", ".join(_init_text(t, c) for c in self.consts)
-        body = "\n    ".join(op.text.replace("{T}", t) for op in self.ops)
+        if self.constant_nodes:
+            inits = ""
+            lines = [
+                f"{c.name} = Constant <value: tensor = {_tensor_text(t, c)}> ()"
+                for c in self.consts
+            ]
+        else:
+            inits = ", ".join(f"{_tensor_text(t, c, c.name)}" for c in self.consts)
+            lines = []
+        lines += [op.text.replace("{T}", t) for op in self.ops]
+        body = "\n    ".join(lines)
         return (
             f'<ir_version: 10, opset_import: ["" : {self.opset}]>\n'
             f"fuzz ({', '.join(ins)}) => ({', '.join(_typed(t, vals[o]) for o in outs)})\n"
@@ -120,7 +130,7 @@ def _typed(t: str, v: Val) -> str:
     return f"{t}[{','.join(str(d) for d in v.shape)}] {v.name}" if v.shape else f"{t} {v.name}"
 
 
-def _init_text(t: str, c: Const) -> str:
+def _tensor_text(t: str, c: Const, name: str = "") -> str:
     dtype = t if c.dtype == "T" else c.dtype
     flat = c.data.reshape(-1)
     if c.dtype == "T":
@@ -128,7 +138,7 @@ def _init_text(t: str, c: Const) -> str:
     else:
         items = ", ".join(str(int(x)) for x in flat)
     dims = f"[{','.join(str(d) for d in c.data.shape)}]" if c.data.ndim else ""
-    return f"{dtype}{dims} {c.name} = {{{items}}}"
+    return f"{dtype}{dims} {name + ' = ' if name else ''}{{{items}}}"
 
 
 def broadcast(a: Shape, b: Shape) -> Shape | None:
@@ -766,4 +776,5 @@ class Generator:
             self.consts,
             self.ops,
             outputs,
+            constant_nodes=bool(self.rng.random() < 0.3),
         )

@@ -185,16 +185,21 @@ def _short(e: Exception) -> str:
 
 
 def _axes(spec: Spec) -> tuple[list[int | None], int]:
-    """in_axes per graph input (floats then flags) and one out_axes, drawn from the seed."""
-    rng = np.random.default_rng([spec.seed, 7])
+    """in_axes per graph input (floats then flags) and one out_axes.
+
+    Each input's axis is drawn from the seed and its name, so that it survives shrinking.
+    """
     axes: list[int | None] = []
     for v in spec.inputs:
+        rng = np.random.default_rng([spec.seed, 7, zlib.crc32(v.name.encode())])
         choices: list[int | None] = [0, 0, -1, None] + ([1] if v.shape else [])
         axes.append(choices[int(rng.integers(0, len(choices)))])
     if all(a is None for a in axes):
         axes[0] = 0
-    axes += [0 if rng.random() < 0.3 else None for _ in spec.flags]
-    return axes, int(rng.choice([0, -1]))
+    for f in spec.flags:
+        rng = np.random.default_rng([spec.seed, 7, zlib.crc32(f.encode())])
+        axes.append(0 if rng.random() < 0.3 else None)
+    return axes, int(np.random.default_rng([spec.seed, 8]).choice([0, -1]))
 
 
 def check(spec: Spec, stages: Sequence[str] = STAGES) -> list[Outcome]:
@@ -285,32 +290,40 @@ def _rename(op: Op, old: str, new: str) -> Op:
         op,
         text=pattern.sub(new, op.text),
         reads=tuple(new if r == old else r for r in op.reads),
+        kinks=tuple(
+            dataclasses.replace(k, values=tuple(new if v == old else v for v in k.values))
+            for k in op.kinks
+        ),
     )
 
 
-def _prune(spec: Spec) -> Spec:
-    """Drop the nodes, inputs and initializers no output depends on."""
+def _prune(spec: Spec, dead_nodes: bool = True) -> Spec:
+    """Drop the nodes (if ``dead_nodes``) and initializers no output depends on.
+
+    Unused inputs stay, and dead nodes on request: some failures need them (a Loop whose result
+    is unused); :func:`_candidates` also drops them one at a time.
+    """
     live = set(spec.outputs)
     ops: list[Op] = []
     for op in reversed(spec.ops):
-        if any(v.name in live for v in op.outs):
+        if any(v.name in live for v in op.outs) or not dead_nodes:
             ops.append(op)
             live.update(op.reads)
     ops.reverse()
-    inputs = [v for v in spec.inputs if v.name in live]
-    if not inputs:
-        return spec  # a graph needs a float input to be differentiated
     return dataclasses.replace(
         spec,
         ops=ops,
-        inputs=inputs,
         flags=[f for f in spec.flags if f in live],
         consts=[c for c in spec.consts if c.name in live],
     )
 
 
 def _candidates(spec: Spec) -> list[Spec]:
-    out: list[Spec] = []
+    out: list[Spec] = [_prune(spec)]
+    read = {r for op in spec.ops for r in op.reads} | set(spec.outputs)
+    for i, v in enumerate(spec.inputs):
+        if v.name not in read and len(spec.inputs) > 1:
+            out.append(dataclasses.replace(spec, inputs=spec.inputs[:i] + spec.inputs[i + 1 :]))
     for i in range(len(spec.outputs)):
         if len(spec.outputs) > 1:
             out.append(dataclasses.replace(spec, outputs=spec.outputs[:i] + spec.outputs[i + 1 :]))
@@ -330,9 +343,18 @@ def _candidates(spec: Spec) -> list[Spec]:
                             outputs=[r if o == y else o for o in spec.outputs],
                         )
                     )
+        if not any(v.name in read for v in op.outs):
+            out.append(dataclasses.replace(spec, ops=rest))  # a dead node
+            continue
         # Cut: the node's outputs become graph inputs.
-        out.append(dataclasses.replace(spec, ops=rest, inputs=spec.inputs + list(op.outs)))
-    return [c for c in (_prune(c) for c in out) if len(c.ops) + len(c.outputs) > 0]
+        cut = [v for v in op.outs if v.name in read]
+        out.append(dataclasses.replace(spec, ops=rest, inputs=spec.inputs + cut))
+    same = _bytes_of(spec)
+    return [p for p in (_prune(c, dead_nodes=False) for c in out) if _bytes_of(p) != same]
+
+
+def _bytes_of(spec: Spec) -> str:
+    return spec.text()
 
 
 def shrink(
@@ -356,7 +378,7 @@ def shrink(
             return False
         return any(o.kind == failure.kind and o.error == failure.error for o in got)
 
-    best = _prune(spec)
+    best = spec
     trials = 0
     shrunk = True
     while shrunk and trials < budget:
