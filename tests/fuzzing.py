@@ -184,6 +184,12 @@ def _short(e: Exception) -> str:
     return f"{type(e).__name__}: {str(e)[:400]} {where}".strip()
 
 
+def _names(model: ir.Model, expected: list[str]) -> None:
+    """The naming contract: primal outputs first, then ``<prefix><name>`` per selection."""
+    got = [v.name for v in model.graph.outputs]
+    assert got == expected, f"output names {got}, expected {expected}"
+
+
 def _axes(spec: Spec) -> tuple[list[int | None], int]:
     """in_axes per graph input (floats then flags) and one out_axes.
 
@@ -224,11 +230,15 @@ def check(spec: Spec, stages: Sequence[str] = STAGES) -> list[Outcome]:
             "jvp",
             model,
             lambda m: onnax.jvp(m, floats, outs),
-            lambda b: check_jvp(model, feeds, floats, outs, transformed=b),
+            lambda b: (
+                _names(b, [*outs, *(f"fwd_{y}" for y in outs)]),
+                check_jvp(model, feeds, floats, outs, transformed=b),
+            ),
         )
     if "vjp" in wanted:
 
         def vjp_oracle(b: ir.Model) -> None:
+            _names(b, [*outs, *(f"adj_{x}" for x in floats)])
             check_vjp(model, feeds, floats, outs, transformed=b)
             if built.get("jvp") is not None:
                 check_adjoint(model, feeds, floats, outs, built=(built["jvp"], b))  # type: ignore[arg-type]
@@ -240,7 +250,10 @@ def check(spec: Spec, stages: Sequence[str] = STAGES) -> list[Outcome]:
             "grad",
             model,
             lambda m: onnax.grad(m, floats, loss),
-            lambda b: check_grad(model, feeds, floats, loss, transformed=b),
+            lambda b: (
+                _names(b, [*outs, *(f"grad_{x}" for x in floats)]),
+                check_grad(model, feeds, floats, loss, transformed=b),
+            ),
         )
     if "vmap" in wanted:
         stage(
@@ -251,7 +264,7 @@ def check(spec: Spec, stages: Sequence[str] = STAGES) -> list[Outcome]:
         )
     gm = built.get("grad")
     if gm is not None:
-        grads = [f"grad_{x}" for x in floats]
+        grads = [v.name for v in gm.graph.outputs][len(outs) :]
         if "jvp(grad)" in wanted:
             stage(
                 "jvp(grad)",
