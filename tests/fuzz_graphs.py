@@ -747,7 +747,9 @@ class Generator:
     }
 
     def build(self, nodes: int | None = None) -> Spec:
-        target = nodes if nodes is not None else int(self.rng.integers(2, 26))
+        # A family adds up to three nodes (a helper making a value positive, Pow's bounded
+        # exponent), so a target of at most 23 keeps the graph within 25 nodes, the loss included.
+        target = nodes if nodes is not None else int(self.rng.integers(2, 24))
         for _ in range(int(self.rng.integers(1, 3))):
             self.new_input(self.random_shape(), positive=self.rng.random() < 0.3)
         names = list(self.FAMILIES)
@@ -761,7 +763,7 @@ class Generator:
         outputs = [last.name] + [
             s for s in sinks if s not in {i.name for i in self.inputs} and self.rng.random() < 0.3
         ]
-        if self.rng.random() < 0.8:
+        if self.rng.random() < 0.8 or len(self.ops) < 2:
             loss = Val("loss", ())
             self.emit(f"loss = ReduceSum <keepdims = 0> ({last.name})", [last.name], [loss])
             outputs.insert(0, "loss")

@@ -34,7 +34,7 @@ def test_generator_covers_the_rule_families_opsets_and_types() -> None:
     assert {s.dtype for s in specs} == {"float", "double"}
     assert any("N" in v.shape for s in specs for v in s.inputs)
     sizes = [len(s.ops) for s in specs]
-    assert min(sizes) >= 1 and max(sizes) <= 25
+    assert min(sizes) >= 2 and max(sizes) <= 25
 
 
 def test_validation_rejects_points_near_a_kink() -> None:
