@@ -31,7 +31,8 @@ import onnx
 import onnx_ir as ir
 
 import onnax
-from fuzz_graphs import BATCH, Const, Generator, Kink, Op, Spec, Val, broadcast
+from fuzz_generator import Generator
+from fuzz_graphs import BATCH, Const, Kink, Op, Spec, Val, broadcast
 from oracles import (
     check_adjoint,
     check_grad,

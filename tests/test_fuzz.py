@@ -7,7 +7,8 @@ import numpy as np
 import pytest
 
 import fuzzing
-from fuzz_graphs import Generator, Kink
+from fuzz_generator import Generator
+from fuzz_graphs import Kink
 from onnax.core.registry import jvp_rules
 
 # Seeds of the sampled run: graphs of up to 12 nodes keep the whole file near 30 s on one core.
