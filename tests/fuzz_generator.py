@@ -15,6 +15,7 @@ from typing import ClassVar
 
 import numpy as np
 
+from fuzz_families import MoreFamilies
 from fuzz_graphs import BATCH, Const, Dim, Kink, Op, Shape, Spec, Val, broadcast, typed
 from fuzz_graphs import ints_text as _ints
 
@@ -36,7 +37,7 @@ REDUCE = [
 ]
 
 
-class Generator:
+class Generator(MoreFamilies):
     """Builds one random :class:`Spec` from a seed."""
 
     def __init__(self, seed: int, opset: int | None = None, dtype: str | None = None) -> None:
@@ -602,6 +603,7 @@ class Generator:
         "conv": 1,
         "where": 1,
         "control": 1,
+        "more": 3,
     }
 
     def build(self, nodes: int | None = None) -> Spec:
