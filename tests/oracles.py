@@ -176,10 +176,16 @@ def check_jvp(
     inputs: Sequence[str] | None = None,
     outputs: Sequence[str] | None = None,
     seed: int = 0,
+    transformed: ir.Model | None = None,
 ) -> ir.Model:
-    """jvp(model) against central differences; returns the jvp model."""
+    """jvp(model) against central differences; returns the jvp model.
+
+    ``transformed`` is an already built ``jvp(model, inputs, outputs)`` to check instead.
+    """
     rng = np.random.default_rng(seed)
-    jm = contract_checked(lambda m: onnax.jvp(m, inputs, outputs), model)
+    jm = transformed
+    if jm is None:
+        jm = contract_checked(lambda m: onnax.jvp(m, inputs, outputs), model)
     check_model_valid(jm)
     g = model.graph
     n_in, n_out = len(g.inputs), len(g.outputs)
@@ -218,10 +224,16 @@ def check_vjp(
     inputs: Sequence[str] | None = None,
     outputs: Sequence[str] | None = None,
     seed: int = 1,
+    transformed: ir.Model | None = None,
 ) -> ir.Model:
-    """vjp(model) against central differences, one FD direction per input: <adj_x, t> = <adj_y, J t>."""
+    """vjp(model) against central differences, one FD direction per input: <adj_x, t> = <adj_y, J t>.
+
+    ``transformed`` is an already built ``vjp(model, inputs, outputs)`` to check instead.
+    """
     rng = np.random.default_rng(seed)
-    vm = contract_checked(lambda m: onnax.vjp(m, inputs, outputs), model)
+    vm = transformed
+    if vm is None:
+        vm = contract_checked(lambda m: onnax.vjp(m, inputs, outputs), model)
     check_model_valid(vm)
     g = model.graph
     n_in, n_out = len(g.inputs), len(g.outputs)
@@ -258,12 +270,16 @@ def check_adjoint(
     inputs: Sequence[str] | None = None,
     outputs: Sequence[str] | None = None,
     seed: int = 2,
+    built: tuple[ir.Model, ir.Model] | None = None,
 ) -> None:
-    """<u, J v> from jvp(model) equals <Jᵀ u, v> from vjp(model)."""
+    """<u, J v> from jvp(model) equals <Jᵀ u, v> from vjp(model).
+
+    ``built`` is an already built pair ``(jvp(model, ...), vjp(model, ...))`` to check instead.
+    """
     rng = np.random.default_rng(seed)
     if outputs is None:  # the same outputs for both (jvp's default differs on derivative models)
         outputs = jvp_default_outputs(model)
-    jm, vm = onnax.jvp(model, inputs, outputs), onnax.vjp(model, inputs, outputs)
+    jm, vm = built or (onnax.jvp(model, inputs, outputs), onnax.vjp(model, inputs, outputs))
     g = model.graph
     n_in, n_out = len(g.inputs), len(g.outputs)
     inits = _initializer_arrays(model)
@@ -301,16 +317,21 @@ def check_vmap(
     batch: int = 3,
     seed: int = 3,
     axis_size: int | None = None,
+    transformed: ir.Model | None = None,
 ) -> ir.Model:
     """vmap(model) against a loop of single-example runs, stacked.
 
     ``feeds`` holds one example's inputs; batched inputs get ``batch`` random examples stacked
     at their axis (the first example is ``feeds`` itself, the others are perturbed copies).
+    ``transformed`` is an already built ``vmap(model, in_axes, out_axes, axis_size)`` to check.
     """
     rng = np.random.default_rng(seed)
-    vm = contract_checked(
-        lambda m: onnax.vmap(m, in_axes=in_axes, out_axes=out_axes, axis_size=axis_size), model
-    )
+    vm = transformed
+    if vm is None:
+        vm = contract_checked(
+            lambda m: onnax.vmap(m, in_axes=in_axes, out_axes=out_axes, axis_size=axis_size),
+            model,
+        )
     check_model_valid(vm)
     g = model.graph
     inputs = [v for v in g.inputs]
@@ -364,3 +385,40 @@ def check_vmap(
         else:
             np.testing.assert_array_equal(got[name], want, err_msg=f"vmap {name}")
     return vm
+
+
+def check_grad(
+    model: ir.Model,
+    feeds: Feeds,
+    inputs: Sequence[str] | None = None,
+    output: str | None = None,
+    seed: int = 4,
+    transformed: ir.Model | None = None,
+) -> ir.Model:
+    """grad(model) against central differences: <grad_x, d> = d loss / d eps along d, per input.
+
+    ``transformed`` is an already built ``grad(model, inputs, output)`` to check instead.
+    """
+    rng = np.random.default_rng(seed)
+    gm = transformed if transformed is not None else onnax.grad(model, inputs, output)
+    check_model_valid(gm)
+    g = model.graph
+    in_names, out_names = selected_names(model, inputs, [output] if output else None)
+    (loss,) = out_names
+    got = run(gm, feeds)
+    primal = run(model, feeds)
+    for y in primal:
+        np.testing.assert_allclose(got[y], primal[y], rtol=1e-6, atol=1e-6)
+    inits = _initializer_arrays(model)
+    for x, gx in zip(in_names, list(gm.graph.outputs)[len(g.outputs) :], strict=True):
+        ref = feeds[x] if x in feeds else inits[x]
+        assert got[gx.name].shape == ref.shape, (gx.name, got[gx.name].shape, ref.shape)
+        direction = np.asarray(rng.standard_normal(ref.shape)).astype(ref.dtype)
+        fd = fd_jvp(model, feeds, {x: direction}, [loss])[loss]
+        lhs = float(np.sum(got[gx.name].astype(np.float64) * direction))
+        tol = tolerances(got[gx.name].dtype)
+        scale = float(np.sum(np.abs(got[gx.name].astype(np.float64) * direction)))
+        assert abs(lhs - float(fd)) <= tol["atol"] * max(1.0, scale) + tol["rtol"] * abs(
+            float(fd)
+        ), (x, lhs, float(fd))
+    return gm

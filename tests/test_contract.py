@@ -185,6 +185,34 @@ def test_passes_work_in_a_pass_manager() -> None:
     assert isinstance(onnax.VjpPass(), ir.passes.FunctionalPass)
 
 
+def test_output_that_a_rule_also_computes_keeps_its_type() -> None:
+    # Found by the fuzzer: Sin's tangent emits Cos(a), which is the output c; CSE kept the
+    # emitted copy in c's place and the jvp model lost c's type (onnx.checker rejects it).
+    m = ir.from_onnx_text(
+        '<ir_version: 10, opset_import: ["" : 18]>'
+        "g (double[4] a) => (double[4] s, double[4] c) { c = Cos (a)  s = Sin (a) }"
+    )
+    jm = check_jvp(m, {"a": np.random.default_rng(0).standard_normal(4)})
+    assert [(v.dtype, v.shape) for v in jm.graph.outputs] == [(ir.DataType.DOUBLE, [4])] * 4
+
+
+@pytest.mark.parametrize("transform", ["grad", "vjp"])
+def test_zero_derivatives_of_equal_type_keep_their_own_names(transform: str) -> None:
+    # Found by the fuzzer: the emitter hands out one zeros value for y and z (rank 0, same
+    # type), which became both outputs: named grad_z and grad_z_alias_2, no grad_y.
+    m = ir.from_onnx_text(
+        '<ir_version: 10, opset_import: ["" : 18]>'
+        "g (double y, double z, double[3] x) => (double s) { s = ReduceSum <keepdims = 0> (x) }"
+    )
+    out = getattr(onnax, transform)(m, ["y", "z", "x"])
+    check_model_valid(out)
+    prefix = "grad_" if transform == "grad" else "adj_"
+    assert [v.name for v in out.graph.outputs] == ["s", *(prefix + x for x in "yzx")]
+    feeds = {"y": np.array(1.0), "z": np.array(2.0), "x": np.ones(3), "adj_s": np.array(1.0)}
+    res = run(out, feeds)
+    assert res[prefix + "y"] == 0.0 and res[prefix + "z"] == 0.0
+
+
 def test_symbolic_dimension_survives() -> None:
     g = onnax.vjp(model())
     assert str(g.graph.outputs[-2].shape[0]) == "N"

@@ -19,9 +19,11 @@ def cleanup(model: ir.Model) -> ir.Model:
     """
     _remove_dead_nodes(model.graph)
     common.RemoveUnusedNodesPass()(model)
+    declared = [(v.type, v.shape) for v in model.graph.outputs]
     common.CommonSubexpressionEliminationPass()(model)
     _remove_dead_nodes(model.graph)
     common.RemoveUnusedNodesPass()(model)
+    _keep_output_types(model.graph, declared)
     # No shape inference here: the new graph outputs carry their types already, and the next
     # transform infers anyway. Skipping it saves a quarter of a transform's time on big graphs.
     model.graph.sort()
@@ -73,6 +75,22 @@ def _fix_outputs(model: ir.Model) -> None:
         graph.outputs[i] = x
         graph.remove(node, safe=True)
         x.name = passthrough[x]
+
+
+def _keep_output_types(
+    graph: ir.Graph, declared: list[tuple[ir.TypeProtocol | None, ir.Shape | None]]
+) -> None:
+    """Gives back the declared type and shape to graph outputs that CSE replaced.
+
+    When a rule emits a copy of a primal output (Sin's tangent computes ``Cos(x)``, a graph
+    output of its own), CSE may keep the emitted, untyped copy in the output's place: the
+    output would then serialise without a type, which ``onnx.checker`` rejects.
+    """
+    for value, (type_, shape) in zip(graph.outputs, declared, strict=True):
+        if value.type is None and type_ is not None:
+            value.type = type_
+        if value.shape is None and shape is not None:
+            value.shape = ir.Shape(shape)
 
 
 def _unique_across_scopes(model: ir.Model) -> None:

@@ -20,8 +20,10 @@ def materialize(em: Emitter, graph: ir.Graph, t: ir.Value | None, primal: ir.Val
     or output of the graph.
     """
     if t is None:
+        # The emitter may hand out the same zeros for two outputs of one type and shape, and
+        # one value cannot be two outputs under two names: the Identity below separates them.
         t = em.zeros_like(primal)
-    elif t.is_graph_input() or t.is_graph_output() or t.is_initializer() or t.producer() is None:
+    if t.is_graph_input() or t.is_graph_output() or t.is_initializer() or t.producer() is None:
         t = em.op("Identity", [t])
     graph.extend(em.take())
     return t
