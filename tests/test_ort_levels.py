@@ -49,15 +49,22 @@ PINNED_RTOL = 1e-4
 FD_EPS = 1e-6  # the pinned twin is smooth: no switch can lie inside the step
 
 
-def run_at(
-    model: ir.Model, feeds: Mapping[str, np.ndarray], level: ort.GraphOptimizationLevel
-) -> dict[str, np.ndarray]:
+def session_at(model: ir.Model, level: ort.GraphOptimizationLevel) -> ort.InferenceSession:
     options = ort.SessionOptions()
     options.log_severity_level = 3
     options.graph_optimization_level = level
-    sess = ort.InferenceSession(
+    return ort.InferenceSession(
         ir.to_proto(model).SerializeToString(), options, providers=["CPUExecutionProvider"]
     )
+
+
+def run_at(
+    model: ir.Model | ort.InferenceSession,
+    feeds: Mapping[str, np.ndarray],
+    level: ort.GraphOptimizationLevel,
+) -> dict[str, np.ndarray]:
+    """Runs ``model`` (or a session already made) at ``level``."""
+    sess = model if isinstance(model, ort.InferenceSession) else session_at(model, level)
     wanted = {i.name for i in sess.get_inputs()}
     outs = sess.run(None, {k: v for k, v in feeds.items() if k in wanted})
     return {o.name: r for o, r in zip(sess.get_outputs(), outs, strict=True)}
@@ -97,6 +104,7 @@ class PinnedTwin:
         graph = pinned.graph
         self.relus: list[str] = []
         self.pools: dict[str, ir.Node] = {}  # MaxPool output name -> the float32 model's node
+        self.pool_shapes: dict[str, list[int]] = {}  # and the shape of its input
         float_pools = {str(n.outputs[0].name): n for n in model.graph if n.op_type == "MaxPool"}
         for node in list(graph):
             if node.op_type not in ("Relu", "MaxPool"):
@@ -119,6 +127,8 @@ class PinnedTwin:
                 back = ir.node("Reshape", [picked.outputs[0], to_y.outputs[0]])
                 new = [to_flat, flat, picked, to_y, back]
                 self.pools[y_name] = float_pools[y_name]
+                assert x.shape is not None
+                self.pool_shapes[y_name] = [int(d) for d in x.shape.dims]
             graph.inputs.append(pin)
             graph.insert_before(node, new)
             out = new[-1].outputs[0]
@@ -127,8 +137,10 @@ class PinnedTwin:
             y.name = None
             out.name = y_name
             graph.remove(node, safe=True)
-        self.model = pinned
-        self.grad_model = onnax.grad(pinned, [self.image], output="loss")
+        # Sessions of the twin take seconds to make (a Conv is dozens of Einsums): made once.
+        self.model = session_at(pinned, LEVELS["disable_all"])
+        grad_model = onnax.grad(pinned, [self.image], output="loss")
+        self.grad_model = session_at(grad_model, LEVELS["disable_all"])
 
     def stored(self, derived: ir.Model) -> dict[str, str]:
         """For each pin, the name of the float32 value of ``derived`` it is read from.
@@ -241,3 +253,135 @@ def test_grad_at_every_level(name: str) -> None:
     base = grads["disable_all"]
     for level in LEVELS:
         assert relative(grads[level], base) <= TOL["rtol"], (name, level)
+
+
+def batched_pins(
+    twin: PinnedTwin, derived: ir.Model, forward: Mapping[str, np.ndarray], examples: int
+) -> list[dict[str, np.ndarray]]:
+    """Per-example pins from a vmap'd derivative model's forward pass.
+
+    vmap renames values, so the stored ones are found by position: its ReLU and MaxPool nodes
+    are the batched forward's, one per node of the twin in the same order (the rules of the
+    backward sweep emit neither), ReLU outputs batched at axis 0 and max-pool inputs with the
+    batch folded into ``N``.
+    """
+    relus = [n for n in derived.graph if n.op_type == "Relu"]
+    pools = [n for n in derived.graph if n.op_type == "MaxPool"]
+    assert len(relus) == len(twin.relus) and len(pools) == len(twin.pools)
+    pins: list[dict[str, np.ndarray]] = [{} for _ in range(examples)]
+    for name, node in zip(twin.relus, relus, strict=True):
+        y = forward[str(node.outputs[0].name)]
+        assert y.shape[0] == examples, (name, y.shape)
+        for b in range(examples):
+            pins[b][f"mask__{name}"] = (y[b] > 0).astype(np.float64)
+    for (name, original), node in zip(twin.pools.items(), pools, strict=True):
+        x = forward[str(node.inputs[0].name)]
+        shape = twin.pool_shapes[name]
+        assert x.shape == (examples * shape[0], *shape[1:]), (name, x.shape)
+        for b, example in enumerate(x.reshape(examples, *shape)):
+            pins[b][f"index__{name}"] = first_maximum(example, original)
+    return pins
+
+
+VMAP_MODELS = ("squeezenet", "inception_v1")
+
+
+@pytest.mark.parametrize("name", VMAP_MODELS)
+def test_vmap_of_grad_at_every_level(name: str) -> None:
+    model, feeds, _ = prepared(name)
+    twin = pinned_twin(name)
+    image = twin.image
+    derived = onnax.vmap(onnax.grad(model, [image], output="loss"), in_axes=0)
+    stored = [
+        n.outputs[0] if n.op_type == "Relu" else n.inputs[0]
+        for n in derived.graph
+        if n.op_type in ("Relu", "MaxPool")
+    ]
+    probe = with_outputs(derived, [str(v.name) for v in stored if v is not None])
+    x = feeds[image]
+    noise = np.random.default_rng(5).standard_normal(x.shape)
+    examples = [x, (x + 0.1 * noise).astype(np.float32)]
+    grads, pins = {}, {}
+    for level, value in LEVELS.items():
+        out = run_at(probe, {image: np.stack(examples)}, value)
+        grads[level] = out[f"grad_{image}"]
+        pins[level] = batched_pins(twin, probe, out, len(examples))
+    for b, example in enumerate(examples):
+        refs = references(twin, example, {level: pins[level][b] for level in LEVELS})
+        errors = {level: relative(grads[level][b], refs[level]) for level in LEVELS}
+        assert max(errors.values()) <= PINNED_RTOL, (name, b, errors)
+
+
+# ------------------------------------------------------------- a small net, every level
+SMALL = """<ir_version: 8, opset_import: ["" : 17]>
+g (float[1, 2, 6, 7] x) => (float loss) {
+    c = Conv <pads = [1, 1, 1, 1]> (x, w, b)
+    n = BatchNormalization (c, scale, shift, mean, var)
+    a = Relu (n)
+    p = MaxPool <kernel_shape = [3, 3], pads = [1, 1, 1, 1]> (a)
+    q = Mul (p, r)
+    loss = ReduceSum <keepdims = 0> (q)
+}"""
+
+
+def small_net() -> tuple[ir.Model, dict[str, np.ndarray], dict[str, np.ndarray]]:
+    """Conv -> BatchNormalization -> Relu -> MaxPool with exact ties between window maxima.
+
+    onnxruntime folds the BatchNorm into the Conv from ``BASIC`` and computes it in a blocked
+    layout at ``ALL``, so the stored values the rules read are rounded differently at each
+    level. The image repeats along the width, so interior windows hold equal maxima and the
+    selection decides which receptive field gets the cotangent (a rule picking the last of tied
+    maxima fails here); about half the units are cut by the ReLU.
+    """
+    rng = np.random.default_rng(3)
+    column = rng.standard_normal((1, 2, 6, 1))
+    x = np.repeat(column, 7, axis=3).astype(np.float32)
+    x[..., 0] += 0.5  # the border column differs, so ties are interior ones
+    weights = {
+        "w": rng.standard_normal((4, 2, 3, 3)),
+        "b": 0.1 * rng.standard_normal(4),
+        "scale": rng.uniform(0.8, 1.2, 4),
+        "shift": 0.1 * rng.standard_normal(4),
+        "mean": 0.1 * rng.standard_normal(4),
+        "var": rng.uniform(0.5, 1.5, 4),
+        "r": rng.uniform(-1.0, 1.0, (1, 4, 6, 7)),
+    }
+    model = ir.from_onnx_text(SMALL)
+    # The weights are named in the text and given here (the text would spell out every value).
+    values = {str(v.name): v for n in model.graph for v in n.inputs if v is not None}
+    for k, v in weights.items():
+        value = values[k]
+        value.const_value = ir.tensor(v.astype(np.float32), name=k)
+        value.dtype, value.shape = ir.DataType.FLOAT, ir.Shape(v.shape)
+        model.graph.register_initializer(value)
+    return model, {"x": x}, {k: v.astype(np.float32).astype(np.float64) for k, v in weights.items()}
+
+
+def small_net_gradient(
+    model: ir.Model, weights: Mapping[str, np.ndarray], relu_out: np.ndarray
+) -> np.ndarray:
+    """The gradient w.r.t. ``x`` by numpy in float64, on the pieces of a float32 run."""
+    pool = next(n for n in model.graph if n.op_type == "MaxPool")
+    index = first_maximum(relu_out, pool)  # [1, C, 42]
+    ct = np.zeros((1, 4, 42))
+    np.add.at(ct, (0, np.arange(4)[:, None], index[0]), weights["r"].reshape(1, 4, 42)[0])
+    ct = ct.reshape(1, 4, 6, 7) * (relu_out > 0)
+    ct = ct * (weights["scale"] / np.sqrt(weights["var"] + 1e-5))[None, :, None, None]
+    grad = np.zeros((1, 2, 8, 9))  # the padded image
+    for i in range(3):
+        for j in range(3):
+            grad[:, :, i : i + 6, j : j + 7] += np.einsum(
+                "nohw,oc->nchw", ct, weights["w"][:, :, i, j]
+            )
+    return grad[:, :, 1:-1, 1:-1]
+
+
+def test_small_net_at_every_level_follows_its_own_pieces() -> None:
+    model, feeds, weights = small_net()
+    derived = onnax.grad(model, ["x"], output="loss")
+    probe = with_outputs(derived, ["a"])
+    for level, value in LEVELS.items():
+        out = run_at(probe, feeds, value)
+        assert np.count_nonzero(out["a"] == 0) > 0, "no ReLU kink to test"
+        want = small_net_gradient(model, weights, out["a"].astype(np.float64))
+        assert relative(out["grad_x"], want) <= PINNED_RTOL, level
