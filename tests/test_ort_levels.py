@@ -31,7 +31,6 @@ moved the gradient by 5.6e-5 to 1.1e-3 each).
 from __future__ import annotations
 
 import functools
-import os
 from collections.abc import Mapping
 
 import numpy as np
@@ -311,26 +310,12 @@ def check_vmap_of_grad_at_every_level(name: str) -> None:
 # squeezenet is invariant across the levels and inception_v1 changes pieces between them (one
 # unit, see the module doc). resnet50 (three to four units flip at every level) and densenet121
 # take 1.5-2x as long as those two together (the float64 twin's convolutions are Einsums), too
-# long for the default run: ONNAX_ORT_LEVELS_ALL=1 adds them (both pass).
+# long for the default run: tests/benchmarks/zoo_levels.py checks them (both pass).
 MODELS = ("squeezenet", "inception_v1")
 MORE_MODELS = ("resnet50", "densenet121")
 
 
-@pytest.mark.parametrize(
-    "name",
-    [
-        *MODELS,
-        *(
-            pytest.param(
-                n,
-                marks=pytest.mark.skipif(
-                    not os.environ.get("ONNAX_ORT_LEVELS_ALL"), reason="ONNAX_ORT_LEVELS_ALL unset"
-                ),
-            )
-            for n in MORE_MODELS
-        ),
-    ],
-)
+@pytest.mark.parametrize("name", MODELS)
 def test_zoo_derivatives_at_every_level(name: str) -> None:
     check_grad_at_every_level(name)
     check_vmap_of_grad_at_every_level(name)
