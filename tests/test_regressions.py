@@ -18,7 +18,7 @@ from onnx import helper as oh
 import onnax
 from onnax.cli import main
 from onnax.errors import InvalidModelError, SelectionError
-from oracles import check_jvp, check_model_valid, check_vjp, check_vmap, run
+from oracles import check_jvp, check_model_valid, check_vjp, check_vmap, fd_jvp, run, tolerances
 
 
 def _text(body: str, opset: int = 18) -> ir.Model:
@@ -138,6 +138,24 @@ def test_full_check_on_input() -> None:
     message = str(err.value)
     assert message.startswith("jvp: the model fails onnx.checker")
     assert "perm" in message and "repeated value" in message and "full_check=True" in message
+
+
+def test_full_check_passes_over_onnx_errors_in_function_bodies() -> None:
+    # onnx's strict inference of MeanVarianceNormalization-13 fails inside its own function
+    # body (a Constant reading an absent attribute); the model is valid.
+    model = _text(
+        "g (float[2, 3, 2, 2] x) => (float[2, 3, 2, 2] y) { y = MeanVarianceNormalization (x) }",
+        opset=13,
+    )
+    rng = np.random.default_rng(0)
+    x = rng.standard_normal((2, 3, 2, 2)).astype(np.float32)
+    t = rng.standard_normal((2, 3, 2, 2)).astype(np.float32)
+    jm = onnax.jvp(model)
+    # The result keeps the primal node, so it too is held to the structural check only.
+    onnx.checker.check_model(ir.to_proto(jm))
+    got = run(jm, {"x": x, "fwd_x": t})["fwd_y"]
+    want = fd_jvp(model, {"x": x}, {"x": t}, ["y"])["y"]
+    np.testing.assert_allclose(got, want, **tolerances(got.dtype))
 
 
 def test_graph_without_outputs_is_refused() -> None:
