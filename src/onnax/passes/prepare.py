@@ -26,7 +26,7 @@ from onnax.passes.inline_if import simplify_control_flow
 from onnax.passes.scan8 import unbatch_scan8
 from onnax.passes.shape_fill import complete_shapes
 
-__all__ = ["MIN_OPSET", "infer_shapes", "prepare"]
+__all__ = ["MIN_OPSET", "RANK_GUESSED", "infer_shapes", "prepare"]
 
 logger = logging.getLogger(__name__)
 
@@ -58,8 +58,17 @@ def infer_shapes(model: ir.Model) -> None:
     model.graph.sort()
     _infer(model)
     complete_shapes(model, _infer, _guessed_ranks)
+    guessed = False
     for graph in (model.graph, *model.graph.subgraphs()):
-        _forget_guessed_ranks(graph)
+        guessed = _forget_guessed_ranks(graph) or guessed
+    model.graph.meta[RANK_GUESSED] = bool(model.graph.meta.get(RANK_GUESSED)) or guessed
+
+
+RANK_GUESSED = "onnax.rank_guessed"
+"""``graph.meta`` key: whether inference has met a guessed rank in this model (sticky). The
+values computed from one can be recognised in the model inference saw, not in what the
+transforms make of it (vmap batches the Squeeze away), and ``Shape`` of such a value keeps a
+guessed length: so a transform's result gets inferred shapes only when this is False."""
 
 
 def _infer(model: ir.Model) -> None:
@@ -110,10 +119,13 @@ def _guessed_ranks(graph: ir.Graph) -> set[ir.Value]:
     return guessed
 
 
-def _forget_guessed_ranks(graph: ir.Graph) -> None:
-    for out in _guessed_ranks(graph):
+def _forget_guessed_ranks(graph: ir.Graph) -> bool:
+    """Clears the shapes resting on a guessed rank; True if there were any."""
+    guessed = _guessed_ranks(graph)
+    for out in guessed:
         if not out.is_graph_output():
             out.shape = None
+    return bool(guessed)
 
 
 def _has_untyped_io(model: ir.Model) -> bool:

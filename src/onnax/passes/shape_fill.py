@@ -22,7 +22,10 @@ until nothing more is learnt:
   its numbers are taken: its symbolic dimensions (its own placeholders ``unk__3``, and symbols
   it may have broadcast by a guess) become anonymous ones.
 
-Both only ever add knowledge that holds for every run of the model, so the guessed ranks of a
+A reduction with ``keepdims`` over axes known at run time keeps its input's rank, which
+neither engine says (:func:`_kept_rank`).
+
+All only ever add knowledge that holds for every run of the model, so the guessed ranks of a
 ``Squeeze`` without axes (see :func:`onnax.passes.prepare.infer_shapes`) are excluded from both
 and cleared afterwards as before.
 """
@@ -97,6 +100,7 @@ def complete_shapes(
     adopted = False
     for _ in range(_MAX_ROUNDS):
         learnt = _fold(model, guessed)
+        learnt = _keep_ranks(model, guessed) or learnt
         if not learnt and not adopted:
             adopted = True
             learnt = _adopt_onnx_shapes(model, guessed)
@@ -248,6 +252,49 @@ def _fold(model: ir.Model, guessed: Callable[[ir.Graph], Set[ir.Value]]) -> bool
                     # output keeps the interface its author declared.
                     out.shape = ir.Shape(list(array.shape))
                 learnt = learnt or bool(out.uses())
+    return learnt
+
+
+# ------------------------------------------------------------------------ kept ranks
+_REDUCTIONS = frozenset(
+    {"ReduceL1", "ReduceL2", "ReduceLogSum", "ReduceLogSumExp", "ReduceMax", "ReduceMean"}
+    | {"ReduceMin", "ReduceProd", "ReduceSum", "ReduceSumSquare"}
+)
+
+
+def _kept_rank(node: ir.Node) -> ir.Shape | None:
+    """The shape of a reduction with ``keepdims`` over axes known at run time only.
+
+    Neither engine gives one, yet the rank is the input's, and a dimension of 1 stays 1:
+    onnax reduces cotangents that way wherever broadcasting involved a symbolic dimension
+    (``unbroadcast`` with axes from ``NonZero(Shape(x) == 1)``), and the batch rules of the
+    consumers need the rank (vmap of a grad).
+    """
+    if node.op_type not in _REDUCTIONS or node.domain not in ("", "ai.onnx"):
+        return None
+    if not node.attributes.get_int("keepdims", 1) or not node.inputs:
+        return None
+    x = node.inputs[0]
+    if x is None or x.shape is None:
+        return None
+    return ir.Shape([1 if d == 1 else None for d in x.shape.dims])
+
+
+def _keep_ranks(model: ir.Model, guessed: Callable[[ir.Graph], Set[ir.Value]]) -> bool:
+    learnt = False
+    for graph in _graphs(model.graph):
+        skip: Set[ir.Value] | None = None
+        for node in graph:
+            if not node.outputs or node.outputs[0].shape is not None:
+                continue
+            shape = _kept_rank(node)
+            if shape is None:
+                continue
+            skip = guessed(graph) if skip is None else skip
+            if node.inputs[0] in skip:
+                continue
+            node.outputs[0].shape = shape
+            learnt = True
     return learnt
 
 
