@@ -231,3 +231,29 @@ def test_every_emitted_value_has_a_type(transform: str) -> None:
     values = [out for graph in result.graphs() for node in graph for out in node.outputs]
     assert [v.name for v in values if v.type is None] == []
     assert [v.name for v in values if v.shape is None] == []
+
+
+# Indices of unknown rank (a Squeeze without axes of run-time dimensions: [2, 1, 2] here, but
+# inference cannot know which dimensions are 1). Gather along axis 0 transposes to a ScatterND
+# that needs no rank; duplicate and negative indices accumulate into the same rows.
+GATHER_UNKNOWN_RANK = """
+g (double[5, 3] w, int64[4] i, int64[3] s) => (double l) {
+    r = Reshape (i, s)
+    sq = Squeeze (r)
+    e = Gather <axis = 0> (w, sq)
+    t = Tanh (e)
+    l = ReduceSum <keepdims = 0> (t)
+}
+"""
+
+
+def test_gather_transpose_without_ranks() -> None:
+    model = _model(GATHER_UNKNOWN_RANK)
+    assert prepare(model, "test").graph.node(2).inputs[1].shape is None
+    feeds = {
+        "w": np.random.default_rng(0).standard_normal((5, 3)),
+        "i": np.array([0, 4, 0, -2]),
+        "s": np.array([2, 1, 2]),
+    }
+    _check_grad(model, feeds, ["w"])
+    check_vjp(model, feeds, ["w"])
