@@ -53,7 +53,9 @@ def _annotate(model: ir.Model) -> None:
         if out.shape is None and not out.is_graph_output()
     ]
     try:
-        infer_shapes(model)
+        # Without the completion rounds: the next transform completes the shapes it needs,
+        # and a second round of inference on a derivative model costs a fifth of a transform.
+        infer_shapes(model, complete=False)
     except (OpUsageError, ShapeInferenceError):
         logger.debug("shape inference stopped on the transformed model", exc_info=True)
     if not trusted:

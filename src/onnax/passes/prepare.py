@@ -41,7 +41,7 @@ Gather's transposes), which before that need a one-hot the size of input x outpu
 in memory on an image model. Converting to MIN_OPSET is the fallback when this fails."""
 
 
-def infer_shapes(model: ir.Model) -> None:
+def infer_shapes(model: ir.Model, *, complete: bool = True) -> None:
     """Runs symbolic shape inference in place (sorting first, as inference walks in list order).
 
     onnx_shape_inference's answers are completed by :func:`~onnax.passes.shape_fill.complete_shapes`:
@@ -54,10 +54,16 @@ def infer_shapes(model: ir.Model) -> None:
     inferred from them, get their shapes cleared (:func:`_forget_guessed_ranks`): the rules
     then use a rank-free form or refuse with a message. Neither completion step reads or fills
     them.
+
+    Args:
+        model: The model, changed in place.
+        complete: Whether to complete onnx_shape_inference's answers (costs one more round of
+            inference where folding learns something).
     """
     model.graph.sort()
     _infer(model)
-    complete_shapes(model, _infer, _guessed_ranks)
+    if complete:
+        complete_shapes(model, _infer, _guessed_ranks)
     guessed = False
     for graph in (model.graph, *model.graph.subgraphs()):
         guessed = _forget_guessed_ranks(graph) or guessed
