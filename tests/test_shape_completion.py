@@ -257,3 +257,21 @@ def test_gather_transpose_without_ranks() -> None:
     }
     _check_grad(model, feeds, ["w"])
     check_vjp(model, feeds, ["w"])
+
+
+def test_shape_of_unknown_rank_keeps_an_unknown_length() -> None:
+    """Shapes inferred on a vmapped Shape of unknown rank, then run. onnx says Shape's output
+    is [unk]; taking it let onnx_shape_inference's Slice of that vector to a huge end (vmap's
+    Shape(x)[1:]) "infer" the huge length as a static shape, which onnxruntime then believed
+    (an invalid Expand)."""
+    model = ir.from_onnx_text(  # opset 13: vmap slices the shape (Shape has no start yet)
+        '<ir_version: 10, opset_import: ["" : 13]>\n'
+        "g (float[6] X, int64[K] T) => (int64[M] S) { r = Reshape (X, T)\n S = Shape (r) }"
+    )
+    vm = onnax.vmap(model, in_axes={"X": 0})
+    inferred = vm.clone()
+    infer_shapes(inferred)
+    x = np.stack([np.arange(6, dtype=np.float32)] * 2)
+    feeds = {"X": x, "T": np.array([2, 3])}
+    np.testing.assert_array_equal(run(inferred, feeds)["S"], run(vm, feeds)["S"])
+    check_vmap(vm, feeds, in_axes={"X": 0})

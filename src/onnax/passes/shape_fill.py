@@ -329,9 +329,13 @@ def _adopt_onnx_shapes(model: ir.Model, guessed: Callable[[ir.Graph], Set[ir.Val
         (graph, out)
         for graph in _graphs(model.graph)
         for node in graph
+        if not (node.op_type == "Shape" and node.domain in ("", "ai.onnx"))
         for out in node.outputs
         if out.name and (out.shape is None or out.type is None)
     ]
+    # Not for Shape of a value of unknown rank: onnx says [unk], and onnx_shape_inference's Slice
+    # of a vector of symbolic length to a huge end (Shape(x)[1:], spelled with INT64_MAX / 2)
+    # then "infers" that huge length, which onnxruntime believes.
     if not wanting:
         return False
     # Imported here: prepare imports this module.
