@@ -188,3 +188,90 @@ g (float[2, 3] x) => (float[2, 3] y) {
     assert values["eq"].const_value.numpy().tolist() == [False, False]
     assert values["e"].const_value is None
     assert values["big"].const_value is None and list(values["big"].shape.dims) == [64, 64]
+
+
+# grad reduces the cotangent of p over the axes where broadcasting against x made it larger,
+# known at run time only (N and K may each be 1): ReduceSum(keepdims=1) with axes computed by
+# NonZero(Shape(p) == 1). Neither engine gives that reduction a rank, and vmap of the grad,
+# with p batched, has to align it with the batched (1 - tanh(p)^2) in the Mul that follows.
+RUN_TIME_UNBROADCAST = """
+g (double[N, 3] x, double[K, 3] p, double[N, 3] d) => (double l) {
+    c = Tanh (p)
+    xc = Mul (x, c)
+    y = Mul (xc, d)
+    l = ReduceSum <keepdims = 0> (y)
+}
+"""
+
+
+def test_vmap_of_a_grad_that_reduces_over_run_time_axes() -> None:
+    model = _model(RUN_TIME_UNBROADCAST)
+    rng = np.random.default_rng(0)
+    feeds = {"x": rng.standard_normal((4, 3)), "p": rng.standard_normal((1, 3))}
+    feeds["d"] = rng.standard_normal((4, 3))
+    _check_grad(model, feeds, ["p"])
+    gm = onnax.grad(model, ["p"], output="l")
+    for in_axes in ((None, 0, None), (0, 0, 0)):
+        check_vmap(gm, feeds, in_axes=in_axes)
+
+
+@pytest.mark.parametrize("transform", ["jvp", "vjp", "grad", "vmap", "vmap_of_grad"])
+def test_every_emitted_value_has_a_type(transform: str) -> None:
+    """...and a shape wherever inference knows one, here everywhere: the shapes are static."""
+    model = _model(TORCHSCRIPT_EXPAND)
+    inputs = ["m", "q", "v"]
+    results = {
+        "jvp": lambda: onnax.jvp(model, inputs, ["y"]),
+        "vjp": lambda: onnax.vjp(model, inputs, ["y"]),
+        "grad": lambda: onnax.grad(model, inputs, output="l"),
+        "vmap": lambda: onnax.vmap(model, in_axes=0),
+        "vmap_of_grad": lambda: onnax.vmap(onnax.grad(model, inputs, output="l"), in_axes=0),
+    }
+    result = results[transform]()
+    values = [out for graph in result.graphs() for node in graph for out in node.outputs]
+    assert [v.name for v in values if v.type is None] == []
+    assert [v.name for v in values if v.shape is None] == []
+
+
+# Indices of unknown rank (a Squeeze without axes of run-time dimensions: [2, 1, 2] here, but
+# inference cannot know which dimensions are 1). Gather along axis 0 transposes to a ScatterND
+# that needs no rank; duplicate and negative indices accumulate into the same rows.
+GATHER_UNKNOWN_RANK = """
+g (double[5, 3] w, int64[4] i, int64[3] s) => (double l) {
+    r = Reshape (i, s)
+    sq = Squeeze (r)
+    e = Gather <axis = 0> (w, sq)
+    t = Tanh (e)
+    l = ReduceSum <keepdims = 0> (t)
+}
+"""
+
+
+def test_gather_transpose_without_ranks() -> None:
+    model = _model(GATHER_UNKNOWN_RANK)
+    assert prepare(model, "test").graph.node(2).inputs[1].shape is None
+    feeds = {
+        "w": np.random.default_rng(0).standard_normal((5, 3)),
+        "i": np.array([0, 4, 0, -2]),
+        "s": np.array([2, 1, 2]),
+    }
+    _check_grad(model, feeds, ["w"])
+    check_vjp(model, feeds, ["w"])
+
+
+def test_shape_of_unknown_rank_keeps_an_unknown_length() -> None:
+    """Shapes inferred on a vmapped Shape of unknown rank, then run. onnx says Shape's output
+    is [unk]; taking it let onnx_shape_inference's Slice of that vector to a huge end (vmap's
+    Shape(x)[1:]) "infer" the huge length as a static shape, which onnxruntime then believed
+    (an invalid Expand)."""
+    model = ir.from_onnx_text(  # opset 13: vmap slices the shape (Shape has no start yet)
+        '<ir_version: 10, opset_import: ["" : 13]>\n'
+        "g (float[6] X, int64[K] T) => (int64[M] S) { r = Reshape (X, T)\n S = Shape (r) }"
+    )
+    vm = onnax.vmap(model, in_axes={"X": 0})
+    inferred = vm.clone()
+    infer_shapes(inferred)
+    x = np.stack([np.arange(6, dtype=np.float32)] * 2)
+    feeds = {"X": x, "T": np.array([2, 3])}
+    np.testing.assert_array_equal(run(inferred, feeds)["S"], run(vm, feeds)["S"])
+    check_vmap(vm, feeds, in_axes={"X": 0})

@@ -1,18 +1,24 @@
-"""Tidying a transformed model: dead code, order, types, names, validity."""
+"""Tidying a transformed model: dead code, order, names, types and shapes."""
 
 from __future__ import annotations
 
+import logging
+
 import onnx_ir as ir
 import onnx_ir.passes.common as common
+from onnx_shape_inference import OpUsageError, ShapeInferenceError
 
 from onnax.core.batching import detach
 from onnax.core.subgraphs import graph_attributes
+from onnax.passes.prepare import RANK_GUESSED, infer_shapes
 
 __all__ = ["cleanup"]
 
+logger = logging.getLogger(__name__)
+
 
 def cleanup(model: ir.Model) -> ir.Model:
-    """Removes dead nodes, sorts and makes every name unique.
+    """Removes dead nodes, sorts, makes every name unique and infers types and shapes.
 
     The primal part of a derivative model is kept whole (its outputs are still outputs); what
     goes is the forward work that no requested derivative needs.
@@ -24,14 +30,13 @@ def cleanup(model: ir.Model) -> ir.Model:
     _remove_dead_nodes(model.graph)
     common.RemoveUnusedNodesPass()(model)
     _keep_output_types(model.graph, declared)
-    # No shape inference here: the new graph outputs carry their types already, and the next
-    # transform infers anyway. Skipping it saves a quarter of a transform's time on big graphs.
     model.graph.sort()
     _fix_outputs(model)
     common.NameFixPass()(model)
     _unique_across_scopes(model)
     if not model.graph.name:
         model.graph.name = "main"
+    _annotate(model)
     return model
 
 
@@ -91,6 +96,35 @@ def _keep_output_types(
             value.type = type_
         if value.shape is None and shape is not None:
             value.shape = ir.Shape(shape)
+
+
+def _annotate(model: ir.Model) -> None:
+    """Gives every value its type and, where inference knows it for sure, its shape.
+
+    The rules build nodes without them; users read them, and onnxruntime trusts them. So no
+    shape resting on a guess is written down: in a model where inference met a guessed rank
+    (a ``Squeeze`` without axes of run-time dimensions, see :data:`RANK_GUESSED`), the values
+    the rules left without a shape get only their types. Inference only adds to a model that
+    is complete and valid already: should a rule of onnx_shape_inference refuse a node, the
+    values after it keep what they have.
+    """
+    trusted = model.graph.meta.get(RANK_GUESSED) is False
+    unshaped = [
+        out
+        for graph in model.graphs()
+        for node in graph
+        for out in node.outputs
+        if out.shape is None and not out.is_graph_output()
+    ]
+    try:
+        # Without the completion rounds: the next transform completes the shapes it needs,
+        # and a second round of inference on a derivative model costs a fifth of a transform.
+        infer_shapes(model, complete=False)
+    except (OpUsageError, ShapeInferenceError):
+        logger.debug("shape inference stopped on the transformed model", exc_info=True)
+    if not trusted:
+        for value in unshaped:
+            value.shape = None
 
 
 def _unique_across_scopes(model: ir.Model) -> None:

@@ -30,7 +30,7 @@ from onnax.passes.inline_if import simplify_control_flow
 from onnax.passes.scan8 import unbatch_scan8
 from onnax.passes.shape_fill import complete_shapes
 
-__all__ = ["MIN_OPSET", "infer_shapes", "prepare"]
+__all__ = ["MIN_OPSET", "RANK_GUESSED", "infer_shapes", "prepare"]
 
 logger = logging.getLogger(__name__)
 
@@ -45,7 +45,7 @@ Gather's transposes), which before that need a one-hot the size of input x outpu
 in memory on an image model. Converting to MIN_OPSET is the fallback when this fails."""
 
 
-def infer_shapes(model: ir.Model) -> None:
+def infer_shapes(model: ir.Model, *, complete: bool = True) -> None:
     """Runs symbolic shape inference in place (sorting first, as inference walks in list order).
 
     onnx_shape_inference's answers are completed by :func:`~onnax.passes.shape_fill.complete_shapes`:
@@ -58,15 +58,30 @@ def infer_shapes(model: ir.Model) -> None:
     inferred from them, get their shapes cleared (:func:`_forget_guessed_ranks`): the rules
     then use a rank-free form or refuse with a message. Neither completion step reads or fills
     them.
+
+    Args:
+        model: The model, changed in place.
+        complete: Whether to complete onnx_shape_inference's answers (costs one more round of
+            inference where folding learns something).
     """
     declared = _declared_io_shapes(model)
     model.graph.sort()
     _infer_past_guesses(model)
-    complete_shapes(model, _infer_past_guesses, _guessed_ranks)
+    if complete:
+        complete_shapes(model, _infer_past_guesses, _guessed_ranks)
+    guessed = False
     for graph in (model.graph, *model.graph.subgraphs()):
-        _forget_guessed_ranks(graph)
+        guessed = _forget_guessed_ranks(graph) or guessed
+    model.graph.meta[RANK_GUESSED] = bool(model.graph.meta.get(RANK_GUESSED)) or guessed
     forget_guessed_broadcasts(model)
     _keep_declared_dims(declared)
+
+
+RANK_GUESSED = "onnax.rank_guessed"
+"""``graph.meta`` key: whether inference has met a guessed rank in this model (sticky). The
+values computed from one can be recognised in the model inference saw, not in what the
+transforms make of it (vmap batches the Squeeze away), and ``Shape`` of such a value keeps a
+guessed length: so a transform's result gets inferred shapes only when this is False."""
 
 
 _NOT_INFERRED = "onnax.not_inferred"
@@ -177,10 +192,13 @@ def _guessed_ranks(graph: ir.Graph) -> set[ir.Value]:
     return guessed
 
 
-def _forget_guessed_ranks(graph: ir.Graph) -> None:
-    for out in _guessed_ranks(graph):
+def _forget_guessed_ranks(graph: ir.Graph) -> bool:
+    """Clears the shapes resting on a guessed rank; True if there were any."""
+    guessed = _guessed_ranks(graph)
+    for out in guessed:
         if not out.is_graph_output():
             out.shape = None
+    return bool(guessed)
 
 
 def _has_untyped_io(model: ir.Model) -> bool:

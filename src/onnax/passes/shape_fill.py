@@ -22,7 +22,10 @@ until nothing more is learnt:
   its numbers are taken: its symbolic dimensions (its own placeholders ``unk__3``, and symbols
   it may have broadcast by a guess) become anonymous ones.
 
-Both only ever add knowledge that holds for every run of the model, so the guessed ranks of a
+A reduction with ``keepdims`` over axes known at run time keeps its input's rank, which
+neither engine says (:func:`_kept_rank`).
+
+All only ever add knowledge that holds for every run of the model, so the guessed ranks of a
 ``Squeeze`` without axes (see :func:`onnax.passes.prepare.infer_shapes`) are excluded from both
 and cleared afterwards as before.
 """
@@ -97,6 +100,7 @@ def complete_shapes(
     adopted = False
     for _ in range(_MAX_ROUNDS):
         learnt = _fold(model, guessed)
+        learnt = _keep_ranks(model, guessed) or learnt
         if not learnt and not adopted:
             adopted = True
             learnt = _adopt_onnx_shapes(model, guessed)
@@ -251,6 +255,49 @@ def _fold(model: ir.Model, guessed: Callable[[ir.Graph], Set[ir.Value]]) -> bool
     return learnt
 
 
+# ------------------------------------------------------------------------ kept ranks
+_REDUCTIONS = frozenset(
+    {"ReduceL1", "ReduceL2", "ReduceLogSum", "ReduceLogSumExp", "ReduceMax", "ReduceMean"}
+    | {"ReduceMin", "ReduceProd", "ReduceSum", "ReduceSumSquare"}
+)
+
+
+def _kept_rank(node: ir.Node) -> ir.Shape | None:
+    """The shape of a reduction with ``keepdims`` over axes known at run time only.
+
+    Neither engine gives one, yet the rank is the input's, and a dimension of 1 stays 1:
+    onnax reduces cotangents that way wherever broadcasting involved a symbolic dimension
+    (``unbroadcast`` with axes from ``NonZero(Shape(x) == 1)``), and the batch rules of the
+    consumers need the rank (vmap of a grad).
+    """
+    if node.op_type not in _REDUCTIONS or node.domain not in ("", "ai.onnx"):
+        return None
+    if not node.attributes.get_int("keepdims", 1) or not node.inputs:
+        return None
+    x = node.inputs[0]
+    if x is None or x.shape is None:
+        return None
+    return ir.Shape([1 if d == 1 else None for d in x.shape.dims])
+
+
+def _keep_ranks(model: ir.Model, guessed: Callable[[ir.Graph], Set[ir.Value]]) -> bool:
+    learnt = False
+    for graph in _graphs(model.graph):
+        skip: Set[ir.Value] | None = None
+        for node in graph:
+            if not node.outputs or node.outputs[0].shape is not None:
+                continue
+            shape = _kept_rank(node)
+            if shape is None:
+                continue
+            skip = guessed(graph) if skip is None else skip
+            if node.inputs[0] in skip:
+                continue
+            node.outputs[0].shape = shape
+            learnt = True
+    return learnt
+
+
 # ----------------------------------------------------------------- onnx.shape_inference
 def _proto_types(graph: onnx.GraphProto, into: dict[str, list[onnx.TypeProto]]) -> None:
     for info in (*graph.value_info, *graph.output):
@@ -282,9 +329,13 @@ def _adopt_onnx_shapes(model: ir.Model, guessed: Callable[[ir.Graph], Set[ir.Val
         (graph, out)
         for graph in _graphs(model.graph)
         for node in graph
+        if not (node.op_type == "Shape" and node.domain in ("", "ai.onnx"))
         for out in node.outputs
         if out.name and (out.shape is None or out.type is None)
     ]
+    # Not for Shape of a value of unknown rank: onnx says [unk], and onnx_shape_inference's Slice
+    # of a vector of symbolic length to a huge end (Shape(x)[1:], spelled with INT64_MAX / 2)
+    # then "infers" that huge length, which onnxruntime believes.
     if not wanting:
         return False
     # Imported here: prepare imports this module.

@@ -204,6 +204,9 @@ def _gather_transpose(
     assert data is not None and idx is not None
     if ct is None or not linear[0]:
         return [None, None]
+    unknown_rank = data.shape is None or idx.shape is None
+    if unknown_rank and em.opset >= _SCATTER_ADD_OPSET and node.attributes.get_int("axis", 0) == 0:
+        return [_gather_axis0_transpose(em, ct, data, idx), None]
     r, q = _rank(node, data, "input 'data'"), _rank(node, idx, "input 'indices'")
     a = _axis(node, r)
     d_a = _dim(em, data, a)
@@ -227,6 +230,17 @@ def _gather_transpose(
         ct_t = em.op("Reshape", [ct_t, em.ints([0] * (r - 1) + [-1])])
     summed = em.op("MatMul", [ct_t, onehot])  # D[:a] + D[a+1:] + [d_a]
     return [em.transpose(summed, [*range(a), r - 1, *range(a, r - 1)]), None]
+
+
+def _gather_axis0_transpose(em: Emitter, ct: ir.Value, data: ir.Value, idx: ir.Value) -> ir.Value:
+    """Gather's transpose along axis 0 without the ranks.
+
+    (An embedding lookup whose indices come from run-time shape arithmetic, say.) ``ct`` is ``I + D[1:]``: ScatterND of it into zeros like ``data`` at ``idx[..., None]``
+    adds whole rows in place, which needs neither ``len(I)`` nor ``len(D)``.
+    """
+    idx_n = _normalized(em, idx, _dim(em, data, 0))
+    zeros = _zeros_like(em, data)
+    return em.op("ScatterND", [zeros, em.unsqueeze(idx_n, [-1]), ct], {"reduction": "add"})
 
 
 for _v in (11, 13):
