@@ -104,7 +104,8 @@ def _annotate(model: ir.Model) -> None:
     The rules build nodes without them; users read them, and onnxruntime trusts them. So no
     shape resting on a guess is written down: in a model where inference met a guessed rank
     (a ``Squeeze`` without axes of run-time dimensions, see :data:`RANK_GUESSED`), the values
-    the rules left without a shape get only their types. Inference only adds to a model that
+    the rules left without a shape get only their types, elsewhere their ranks and static
+    dimensions (named ones are left unknown). Inference only adds to a model that
     is complete and valid already: should a rule of onnx_shape_inference refuse a node, the
     values after it keep what they have.
     """
@@ -122,9 +123,18 @@ def _annotate(model: ir.Model) -> None:
         infer_shapes(model, complete=False)
     except (OpUsageError, ShapeInferenceError):
         logger.debug("shape inference stopped on the transformed model", exc_info=True)
-    if not trusted:
-        for value in unshaped:
+    for value in unshaped:
+        if not trusted or value.shape is None:
             value.shape = None
+            continue
+        # Named dimensions on emitted values would be promises to onnxruntime, which plans
+        # buffers from equal names: inference broadcasting ``n`` against ``m`` picks one of
+        # them (``forget_guessed_broadcasts`` repairs only the broadcasts themselves, not what
+        # follows from them), and a jvp through two Loops then reused an [n] buffer for n + 1
+        # values. The rank and the static sizes are kept; the next transform infers the rest.
+        value.shape = ir.Shape(
+            [d if isinstance(d, int) else ir.SymbolicDim(None) for d in value.shape.dims]
+        )
 
 
 def _unique_across_scopes(model: ir.Model) -> None:
