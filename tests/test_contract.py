@@ -354,3 +354,23 @@ def test_source_tensors_of_every_storage_keep_their_names(
         onnax.jvp(onnax.grad(source, output="y"))
         assert [t.const_value.name for t in source.graph.initializers.values()] == names
         assert ir.to_proto(source).SerializeToString() == before
+
+
+def test_tensor_shared_by_two_constants_gives_the_model_of_its_reload() -> None:
+    # One tensor object in two Constant nodes (as a rule's cached constant in a loop body and
+    # in its copy): inference names it after each output in turn, a reloaded model has two.
+    x = ir.val("x", dtype=ir.DataType.FLOAT, shape=[3])
+    two = ir.tensor(np.array([2.0], np.float32))
+    nodes = [
+        ir.node("Constant", [], {"value": two}, outputs=[ir.val("c1")]),
+        ir.node("Constant", [], {"value": two}, outputs=[ir.val("c2")]),
+    ]
+    a = ir.node("Mul", [x, nodes[0].outputs[0]], outputs=[ir.val("a")])
+    y = ir.node("Mul", [a.outputs[0], nodes[1].outputs[0]], outputs=[ir.val("y")])
+    graph = ir.Graph([x], [y.outputs[0]], nodes=[*nodes, a, y], opset_imports={"": 18}, name="g")
+    m = ir.Model(graph, ir_version=10)
+    before = ir.to_proto(m).SerializeToString()
+    out = ir.to_proto(onnax.jvp(m)).SerializeToString()
+    assert ir.to_proto(m).SerializeToString() == before
+    reloaded = onnax.jvp(ir.from_proto(onnx.load_from_string(before)))
+    assert ir.to_proto(reloaded).SerializeToString() == out

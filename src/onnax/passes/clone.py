@@ -99,19 +99,13 @@ def _graphs(model: ir.Model) -> Iterator[ir.Graph | ir.Function]:
 
 
 def _own_tensors(model: ir.Model) -> None:
-    """Replaces every tensor object of ``model`` by a view; shared objects stay shared.
+    """Gives every tensor attribute and initializer of ``model`` a view of its own.
 
-    Constant values that only live in memory (not serialised) are dropped instead.
+    Every occurrence gets its own view, as in a reloaded model: an in-memory model may hold one
+    tensor object in several places (a rule's cached constant in a body and in its copy), and
+    the names inference writes into it would then depend on which place it saw last. Constant
+    values that only live in memory (not serialised) are dropped.
     """
-    views: dict[int, ir.TensorProtocol] = {}
-
-    def own(tensor: ir.TensorProtocol) -> ir.TensorProtocol:
-        view = views.get(id(tensor))
-        if view is None:
-            view = views[id(tensor)] = _view(tensor)
-        return view
-
-    # The originals are kept alive by the source model, so ids are not reused meanwhile.
     for graph in _graphs(model):
         values: list[ir.Value] = list(graph.inputs)
         if isinstance(graph, ir.Graph):
@@ -121,17 +115,17 @@ def _own_tensors(model: ir.Model) -> None:
             for name, attr in list(node.attributes.items()):
                 if attr.type == ir.AttributeType.TENSOR:
                     node.attributes[name] = ir.AttrTensor(
-                        name, own(attr.as_tensor()), attr.doc_string
+                        name, _view(attr.as_tensor()), attr.doc_string
                     )
                 elif attr.type == ir.AttributeType.TENSORS:
                     node.attributes[name] = ir.AttrTensors(
-                        name, [own(t) for t in attr.as_tensors()], attr.doc_string
+                        name, [_view(t) for t in attr.as_tensors()], attr.doc_string
                     )
         for value in values:
             if value.const_value is None:
                 continue
             if value.is_initializer():
-                value.const_value = own(value.const_value)
+                value.const_value = _view(value.const_value)
             else:
                 # In-memory state that serialisation drops (a Constant's output or a value
                 # folded by an earlier inference): the copy starts as a reloaded model would, so
