@@ -10,12 +10,10 @@ so its cost is proportional to what was expanded, never to the user's graph.
 from __future__ import annotations
 
 import numpy as np
-import onnx
-import onnx.helper
 import onnx_ir as ir
-from onnx.reference import ReferenceEvaluator
 
 from onnax.core.diagnostics import RANDOM_OPS
+from onnax.passes.node_eval import evaluate, static_shape
 from onnax.passes.prepare import infer_shapes
 
 __all__ = ["MAX_FOLDED_ELEMENTS", "constant_of", "fold_constants"]
@@ -47,41 +45,6 @@ def constant_of(value: ir.Value | None) -> np.ndarray | None:
         if name == "value_ints":
             return np.array(list(attr.as_ints()), dtype=np.int64)
     return None
-
-
-def _static_shape(node: ir.Node) -> np.ndarray | None:
-    x = node.inputs[0] if node.inputs else None
-    if x is None or x.shape is None or not x.shape.is_static():
-        return None
-    dims = np.array(list(x.shape.numpy()), dtype=np.int64)
-    if node.op_type == "Size":
-        return np.array(int(np.prod(dims)), dtype=np.int64)
-    rank = len(dims)
-    start = node.attributes.get_int("start", 0)
-    end = node.attributes.get_int("end", rank)
-    return dims[slice(max(-rank, min(start, rank)), max(-rank, min(end, rank)))]
-
-
-def _evaluate(node: ir.Node, args: list[np.ndarray | None], opset: int) -> list[np.ndarray]:
-    """Runs one node through the ONNX reference implementation."""
-    names = [f"i{k}" if a is not None else "" for k, a in enumerate(args)]
-    proto = ir.to_proto(node)
-    del proto.input[:]
-    proto.input.extend(names)
-    del proto.output[:]
-    outputs = [f"o{k}" for k in range(len(node.outputs))]
-    proto.output.extend(outputs)
-    graph = onnx.helper.make_graph(
-        [proto],
-        "fold",
-        [onnx.helper.make_empty_tensor_value_info(n) for n in names if n],
-        [onnx.helper.make_empty_tensor_value_info(n) for n in outputs],
-    )
-    model = onnx.helper.make_model(
-        graph, opset_imports=[onnx.helper.make_opsetid("", opset)], ir_version=10
-    )
-    feeds = {n: a for n, a in zip(names, args, strict=True) if n}
-    return [np.asarray(r) for r in ReferenceEvaluator(model).run(None, feeds)]
 
 
 def _foldable(node: ir.Node) -> bool:
@@ -166,7 +129,7 @@ def _fold_once(graph: ir.Graph, opset: int) -> bool:
             continue
         results: list[np.ndarray] | None = None
         if node.op_type in ("Shape", "Size"):
-            static = _static_shape(node)
+            static = static_shape(node)
             results = [static] if static is not None else None
         elif node.op_type == "CastLike":
             # Bodies cast their constants to the input's type: only the dtype is needed.
@@ -179,7 +142,7 @@ def _fold_once(graph: ir.Graph, opset: int) -> bool:
             if any(a is None and v is not None for a, v in zip(args, node.inputs, strict=True)):
                 continue
             try:
-                results = _evaluate(node, args, opset)
+                results = evaluate(node, args, opset)
             except Exception:
                 continue  # leave it computed: the runtime will evaluate it
         if sum(r.size for r in results) > MAX_FOLDED_ELEMENTS:

@@ -83,7 +83,8 @@ def _constant_condition(value: ir.Value | None, opset: int) -> bool | None:
 def _static_value(value: ir.Value | None, opset: int, depth: int) -> np.ndarray | None:
     """The value's content when constants and static shapes determine it, else None."""
     # Imported here: fold imports prepare, which imports this module.
-    from onnax.passes.fold import _evaluate, _static_shape, constant_of
+    from onnax.passes.fold import constant_of
+    from onnax.passes.node_eval import evaluate, static_shape
 
     if value is None or value.is_graph_input() or depth > _MAX_STATIC_DEPTH:
         return None
@@ -94,7 +95,7 @@ def _static_value(value: ir.Value | None, opset: int, depth: int) -> np.ndarray 
     if node is None or node.domain not in ("", "ai.onnx"):
         return None
     if node.op_type in ("Shape", "Size"):
-        return _static_shape(node)
+        return static_shape(node)
     if node.op_type not in _STATIC_OPS or any(a.is_ref() for a in node.attributes.values()):
         return None
     args = [_static_value(v, opset, depth + 1) for v in node.inputs]
@@ -103,7 +104,7 @@ def _static_value(value: ir.Value | None, opset: int, depth: int) -> np.ndarray 
     if any(a is not None and a.size > _MAX_STATIC_ELEMENTS for a in args):
         return None
     try:
-        results = _evaluate(node, args, opset)
+        results = evaluate(node, args, opset)
     except Exception:  # an undecidable condition stays a run-time If
         return None
     return results[list(node.outputs).index(value)]

@@ -40,9 +40,9 @@ import onnx
 import onnx.helper
 import onnx.shape_inference
 import onnx_ir as ir
-from onnx.reference import ReferenceEvaluator
 
 from onnax.core.diagnostics import RANDOM_OPS
+from onnax.passes.node_eval import evaluate, static_shape
 
 __all__ = ["MAX_FOLDED_ELEMENTS", "complete_shapes"]
 
@@ -137,42 +137,6 @@ def _known(value: ir.Value | None) -> ir.TensorProtocol | None:
     return tensor if tensor.size <= MAX_FOLDED_ELEMENTS else None
 
 
-def _static_shape(node: ir.Node) -> np.ndarray | None:
-    """``Shape`` (with ``start``/``end``) or ``Size`` of an input whose shape is static."""
-    x = node.inputs[0] if node.inputs else None
-    if x is None or x.shape is None or not x.shape.is_static():
-        return None
-    dims = np.array(list(x.shape.numpy()), dtype=np.int64)
-    if node.op_type == "Size":
-        return np.array(int(np.prod(dims)), dtype=np.int64)
-    rank = len(dims)
-    start = node.attributes.get_int("start", 0)
-    end = node.attributes.get_int("end", rank)
-    return dims[slice(max(-rank, min(start, rank)), max(-rank, min(end, rank)))]
-
-
-def _evaluate(node: ir.Node, args: list[np.ndarray | None], opset: int) -> list[np.ndarray]:
-    """Runs one node through the ONNX reference implementation."""
-    names = [f"i{k}" if a is not None else "" for k, a in enumerate(args)]
-    proto = ir.to_proto(node)
-    del proto.input[:]
-    proto.input.extend(names)
-    del proto.output[:]
-    outputs = [f"o{k}" for k in range(len(node.outputs))]
-    proto.output.extend(outputs)
-    graph = onnx.helper.make_graph(
-        [proto],
-        "fold",
-        [onnx.helper.make_empty_tensor_value_info(n) for n in names if n],
-        [onnx.helper.make_empty_tensor_value_info(n) for n in outputs],
-    )
-    single = onnx.helper.make_model(
-        graph, opset_imports=[onnx.helper.make_opsetid("", opset)], ir_version=10
-    )
-    feeds = {n: a for n, a in zip(names, args, strict=True) if n}
-    return [np.asarray(r) for r in ReferenceEvaluator(single).run(None, feeds)]
-
-
 def _foldable(node: ir.Node) -> bool:
     if node.domain not in ("", "ai.onnx") or node.op_type in _NOT_FOLDED:
         return False
@@ -190,7 +154,7 @@ def _foldable(node: ir.Node) -> bool:
 
 def _results(node: ir.Node, opset: int) -> list[np.ndarray] | None:
     if node.op_type in ("Shape", "Size"):
-        static = _static_shape(node)
+        static = static_shape(node)
         return None if static is None else [static]
     tensors = [_known(v) for v in node.inputs]
     if any(t is None and v is not None for t, v in zip(tensors, node.inputs, strict=True)):
@@ -201,7 +165,7 @@ def _results(node: ir.Node, opset: int) -> list[np.ndarray] | None:
     if node.op_type == "Identity":
         return [args[0]] if args[0] is not None else None  # the commonest, without the evaluator
     try:
-        results = _evaluate(node, args, opset)
+        results = evaluate(node, args, opset)
     except Exception:  # left computed: the runtime evaluates it
         logger.debug("not folded: %s %r", node.op_type, node.name, exc_info=True)
         return None

@@ -1,0 +1,53 @@
+"""Evaluating one node on constant inputs: the folding shared by the passes that fold.
+
+Constant folding (:mod:`onnax.passes.fold`), the inlining of Ifs on constant conditions
+(:mod:`onnax.passes.inline_if`) and shape completion (:mod:`onnax.passes.shape_fill`) all
+compute a node's outputs from known inputs the same way: the ONNX reference implementation, and
+``Shape``/``Size`` read off a static input shape.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import onnx
+import onnx.helper
+import onnx_ir as ir
+from onnx.reference import ReferenceEvaluator
+
+__all__ = ["evaluate", "static_shape"]
+
+
+def static_shape(node: ir.Node) -> np.ndarray | None:
+    """``Shape`` (with ``start``/``end``) or ``Size`` of an input whose shape is static."""
+    x = node.inputs[0] if node.inputs else None
+    if x is None or x.shape is None or not x.shape.is_static():
+        return None
+    dims = np.array(list(x.shape.numpy()), dtype=np.int64)
+    if node.op_type == "Size":
+        return np.array(int(np.prod(dims)), dtype=np.int64)
+    rank = len(dims)
+    start = node.attributes.get_int("start", 0)
+    end = node.attributes.get_int("end", rank)
+    return dims[slice(max(-rank, min(start, rank)), max(-rank, min(end, rank)))]
+
+
+def evaluate(node: ir.Node, args: list[np.ndarray | None], opset: int) -> list[np.ndarray]:
+    """Runs one node through the ONNX reference implementation."""
+    names = [f"i{k}" if a is not None else "" for k, a in enumerate(args)]
+    proto = ir.to_proto(node)
+    del proto.input[:]
+    proto.input.extend(names)
+    del proto.output[:]
+    outputs = [f"o{k}" for k in range(len(node.outputs))]
+    proto.output.extend(outputs)
+    graph = onnx.helper.make_graph(
+        [proto],
+        "fold",
+        [onnx.helper.make_empty_tensor_value_info(n) for n in names if n],
+        [onnx.helper.make_empty_tensor_value_info(n) for n in outputs],
+    )
+    model = onnx.helper.make_model(
+        graph, opset_imports=[onnx.helper.make_opsetid("", opset)], ir_version=10
+    )
+    feeds = {n: a for n, a in zip(names, args, strict=True) if n}
+    return [np.asarray(r) for r in ReferenceEvaluator(model).run(None, feeds)]
