@@ -25,7 +25,7 @@ UNARY_FLOAT_ONLY = ["Softplus", "Erf", "Atan", "Asinh", "Softsign", "Selu", "Elu
 POSITIVE_OUT = {"Sigmoid", "Softplus", "Exp", "Cosh"}
 DOMAIN_UNARY = ["Log", "Sqrt", "Reciprocal"]
 KINKED_UNARY = {"Relu": (0.0,), "Abs": (0.0,), "LeakyRelu": (0.0,)}
-SELU_KINKED = {"Selu"}
+KINKED_AT_ZERO = {"Selu", "Elu", "Softsign"}
 REDUCE = [
     "ReduceSum",
     "ReduceMean",
@@ -142,9 +142,10 @@ class Generator(MoreFamilies):
             )
         op = str(self.rng.choice(ops))
         pos = op in POSITIVE_OUT or (x.positive and op == "Identity")
-        # Selu's slope jumps at 0 (gamma against gamma * alpha): differences across it are not
-        # derivatives (found by the sweep: two "wrong" results were steps over the kink).
-        kinks = [Kink("abs", (x.name,), (0.0,))] if op in SELU_KINKED else []
+        # Selu's slope jumps at 0 (gamma against gamma * alpha), and Elu's and Softsign's
+        # second derivatives do (the Hessian-vector products of jvp(grad)): differences across
+        # 0 are not derivatives (found by the sweep: "wrong" results that were steps over it).
+        kinks = [Kink("abs", (x.name,), (0.0,))] if op in KINKED_AT_ZERO else []
         return self.emit(f"{y} = {op} ({x.name})", [x.name], [Val(y, x.shape, pos)], kinks)
 
     def binary(self) -> Val | None:
