@@ -34,18 +34,11 @@ from onnax.core.attrs import float_attr
 from onnax.core.batching import Batcher
 from onnax.core.diagnostics import node_label, op_label
 from onnax.core.emit import Emitter
-from onnax.core.registry import batch_rules, jvp_rules
+from onnax.core.registry import Args, BatchResult, OpRules, Tangents
 from onnax.errors import UnsupportedOperatorError
-from onnax.rules._patterns import (
-    Coefficient,
-    register_elementwise_unary,
-    register_vectorized_batch,
-)
-from onnax.rules.elementwise import note_ranks
+from onnax.rules._patterns import Coefficient, elementwise_unary, note_ranks, vectorized_batch
 
 __all__: list[str] = []
-
-Tangents = Sequence[ir.Value | None]
 
 
 def _f32(number: float) -> float:
@@ -227,6 +220,12 @@ def _abs(em: Emitter, node: ir.Node, x: ir.Value, y: ir.Value) -> ir.Value:
     return em.op("Sign", [x])
 
 
+relu = OpRules("Relu")
+# Elementwise: the output keeps the input's rank, which vmap may need downstream.
+relu.batch(note_ranks(vectorized_batch))
+
+
+@relu.jvp(since=6)
 def _relu_jvp(em: Emitter, node: ir.Node, tangents: Tangents) -> list[ir.Value | None]:
     # The coefficient is exactly 1 where y > 0 and 0 where y = 0. Reading the output rather than
     # the input matters: a second reader of the pre-activation would keep onnxruntime from
@@ -241,10 +240,6 @@ def _relu_jvp(em: Emitter, node: ir.Node, tangents: Tangents) -> list[ir.Value |
         return [em.op("Mul", [t, em.op("Sign", [y])])]
     nonzero = em.op("Cast", [y], {"to": ir.DataType.BOOL})
     return [em.op("Mul", [t, em.op("Cast", [nonzero], {"to": dtype})])]
-
-
-for _v in (6, 13, 14):
-    jvp_rules.add("Relu", _relu_jvp, since_version=_v)
 
 
 def _leaky_relu(em: Emitter, node: ir.Node, x: ir.Value, y: ir.Value) -> ir.Value:
@@ -300,6 +295,10 @@ def _hard_swish(em: Emitter, node: ir.Node, x: ir.Value, y: ir.Value) -> ir.Valu
 
 
 # ----------------------------------------------------------------------------------- PRelu
+prelu = OpRules("PRelu", since=7)
+
+
+@prelu.jvp
 def _prelu_jvp(em: Emitter, node: ir.Node, tangents: Tangents) -> list[ir.Value | None]:
     """``y = x`` for ``x >= 0``, ``slope * x`` otherwise; ``slope`` broadcasts to ``x``.
 
@@ -317,65 +316,53 @@ def _prelu_jvp(em: Emitter, node: ir.Node, tangents: Tangents) -> list[ir.Value 
     return [em.add_all(terms)]
 
 
-for _v in (7, 9, 16):
-    jvp_rules.add("PRelu", _prelu_jvp, since_version=_v)
-
-
 # ------------------------------------------------------------------------------ registration
-# since_versions from onnx.defs; versions older than the oldest supported opset (11) are kept
-# when they still serve it. No listed version changed attributes, only element types.
-_UNARY: dict[str, tuple[tuple[int, ...], Coefficient]] = {
-    "Exp": ((6, 13), _exp),
-    "Log": ((6, 13), _log),
-    "Sqrt": ((6, 13), _sqrt),
-    "Reciprocal": ((6, 13), _reciprocal),
-    "Abs": ((6, 13), _abs),
-    "Sin": ((7, 22), _sin),
-    "Cos": ((7, 22), _cos),
-    "Tan": ((7, 22), _tan),
-    "Asin": ((7, 22), _asin),
-    "Acos": ((7, 22), _acos),
-    "Atan": ((7, 22), _atan),
-    "Sinh": ((9, 22), _sinh),
-    "Cosh": ((9, 22), _cosh),
-    "Asinh": ((9, 22), _asinh),
-    "Acosh": ((9, 22), _acosh),
-    "Atanh": ((9, 22), _atanh),
-    "Erf": ((9, 13), _erf),
-    "Tanh": ((6, 13), _tanh),
-    "Sigmoid": ((6, 13), _sigmoid),
-    "LeakyRelu": ((6, 16), _leaky_relu),
-    "Elu": ((6, 22), _elu),
-    "Selu": ((6, 22), _selu),
-    "Celu": ((12, 28), _celu),
-    "ThresholdedRelu": ((10, 22), _thresholded_relu),
-    "Softplus": ((1, 22), _softplus),
-    "Softsign": ((1, 22), _softsign),
-    "HardSigmoid": ((6, 22), _hard_sigmoid),
-    "HardSwish": ((14, 22), _hard_swish),
-    "Mish": ((18, 22), _mish),
-    "Gelu": ((20,), _gelu),
+# Each operator's first since_version in onnx.defs: no later version changed attributes or
+# semantics, only element types, so the first one serves them all.
+_UNARY: dict[str, tuple[int, Coefficient]] = {
+    "Exp": (6, _exp),
+    "Log": (6, _log),
+    "Sqrt": (6, _sqrt),
+    "Reciprocal": (6, _reciprocal),
+    "Abs": (6, _abs),
+    "Sin": (7, _sin),
+    "Cos": (7, _cos),
+    "Tan": (7, _tan),
+    "Asin": (7, _asin),
+    "Acos": (7, _acos),
+    "Atan": (7, _atan),
+    "Sinh": (9, _sinh),
+    "Cosh": (9, _cosh),
+    "Asinh": (9, _asinh),
+    "Acosh": (9, _acosh),
+    "Atanh": (9, _atanh),
+    "Erf": (9, _erf),
+    "Tanh": (6, _tanh),
+    "Sigmoid": (6, _sigmoid),
+    "LeakyRelu": (6, _leaky_relu),
+    "Elu": (6, _elu),
+    "Selu": (6, _selu),
+    "Celu": (12, _celu),
+    "ThresholdedRelu": (10, _thresholded_relu),
+    "Softplus": (1, _softplus),
+    "Softsign": (1, _softsign),
+    "HardSigmoid": (6, _hard_sigmoid),
+    "HardSwish": (14, _hard_swish),
+    "Mish": (18, _mish),
+    "Gelu": (20, _gelu),
 }
 
-for _op, (_versions, _coef) in _UNARY.items():
-    register_elementwise_unary(_op, _versions, _coef)
+for _op, (_since, _coef) in _UNARY.items():
+    _unary = OpRules(_op)
+    _unary.jvp(elementwise_unary(_coef), since=_since)
+    # Each acts on each element alone: the batched computation is the operator applied to the
+    # batched input (whatever its version), and the output keeps the input's rank, which vmap
+    # may need downstream.
+    _unary.batch(note_ranks(vectorized_batch))
 
 
-# ---------------------------------------------------------------------------------- vmap
-# Every one-input operator here acts on each element alone: the batched computation is the
-# operator applied to the batched input.
-register_vectorized_batch([*_UNARY, "Relu"])
-for _op in (*_UNARY, "Relu"):
-    # Elementwise: the output keeps the input's rank, which vmap may need downstream.
-    _rule = batch_rules.lookup("", _op, 1)
-    assert _rule is not None
-    batch_rules.add(_op, note_ranks(_rule), since_version=1)
-
-
-@batch_rules.register("PRelu", since_version=7)
-def _prelu_batch(
-    bx: Batcher, node: ir.Node, args: Sequence[ir.Value | None], batched: Sequence[bool]
-) -> tuple[list[ir.Value | None], list[bool]]:
+@prelu.batch
+def _prelu_batch(bx: Batcher, node: ir.Node, args: Args, batched: Sequence[bool]) -> BatchResult:
     # The slope broadcasts to X in one direction only, so X must carry the batch axis whenever
     # the slope does, and a batched slope needs size-1 axes to line up with X's own axes.
     x, slope = node.inputs[0], node.inputs[1]

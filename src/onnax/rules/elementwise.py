@@ -23,66 +23,25 @@ import onnx_ir as ir
 from onnax.core.batching import Batcher
 from onnax.core.diagnostics import node_label, op_label
 from onnax.core.emit import Emitter, InternalRuleError
-from onnax.core.registry import BatchRule, batch_rules, jvp_rules, transpose_rules
+from onnax.core.registry import Args, BatchResult, OpRules, Tangents
 from onnax.core.selection import FLOAT_TYPES
 from onnax.core.shapes import broadcast_to, same_shape, unbroadcast
 from onnax.errors import UnsupportedOperatorError
 from onnax.rules._patterns import (
     attributes_of,
-    register_broadcasting_batch,
-    register_linear_unary,
-    register_vectorized_batch,
+    broadcasting_batch,
+    linear_unary_jvp,
+    linear_unary_transpose,
+    note_ranks,
+    vectorized_batch,
 )
 
-Tangents = Sequence[ir.Value | None]
-Args = Sequence[ir.Value | None]
-BatchResult = tuple[list[ir.Value | None], list[bool]]
-
-
-def note_ranks(rule: BatchRule) -> BatchRule:
-    """The batch rule, which also records the rank of the node's outputs when inference left it.
-
-    An elementwise result has the largest rank of its operands. Shape inference loses it after a
-    reduction over run-time axes (an expanded RMSNormalization computes its axes with Shape,
-    Size and Range); the reduction's batch rule writes the rank it knows down, and writing it on
-    through elementwise nodes lets the broadcasting batch rules that follow align operands.
-    """
-
-    def noted(
-        bx: Batcher, node: ir.Node, args: Args, batched: Sequence[bool]
-    ) -> tuple[Sequence[ir.Value | None], Sequence[bool]]:
-        result = rule(bx, node, args, batched)
-        shapes = [v.shape for v in node.inputs if v is not None]
-        if shapes and all(shape is not None for shape in shapes):
-            rank = max(shape.rank() for shape in shapes if shape is not None)
-            for y in node.outputs:
-                if y.shape is None:
-                    y.shape = ir.Shape([None] * rank)
-        return result
-
-    noted.__doc__ = rule.__doc__
-    return noted
-
-
-def _broadcasting_batch(op_type: str, since_versions: Sequence[int]) -> None:
-    """Registers the broadcasting batch rule at every ``since_version`` of the operator."""
-    for v in since_versions:
-        register_broadcasting_batch([op_type], since_version=v)
-        rule = batch_rules.lookup("", op_type, v)
-        assert rule is not None
-        batch_rules.add(op_type, note_ranks(rule), since_version=v)
-
-
-def _vectorized_batch(op_type: str, since_versions: Sequence[int]) -> None:
-    """Registers the vectorized (apply as is) batch rule at every ``since_version``."""
-    for v in since_versions:
-        register_vectorized_batch([op_type], since_version=v)
-        rule = batch_rules.lookup("", op_type, v)
-        assert rule is not None
-        batch_rules.add(op_type, note_ranks(rule), since_version=v)
-
-
 # ------------------------------------------------------------------------------- Add / Sub
+add_sub = OpRules(("Add", "Sub"), since=7)
+add_sub.batch(note_ranks(broadcasting_batch))
+
+
+@add_sub.jvp
 def _add_sub_jvp(em: Emitter, node: ir.Node, tangents: Tangents) -> list[ir.Value | None]:
     (a, b), (ta, tb), y = node.inputs, tangents, node.outputs[0]
     assert a is not None and b is not None
@@ -96,6 +55,7 @@ def _add_sub_jvp(em: Emitter, node: ir.Node, tangents: Tangents) -> list[ir.Valu
     return [None]
 
 
+@add_sub.transpose
 def _add_sub_transpose(
     em: Emitter, node: ir.Node, cts: Tangents, linear: Sequence[bool]
 ) -> list[ir.Value | None]:
@@ -110,14 +70,12 @@ def _add_sub_transpose(
     return [ca, cb]
 
 
-for _op in ("Add", "Sub"):
-    for _v in (7, 13, 14):
-        jvp_rules.add(_op, _add_sub_jvp, since_version=_v)
-        transpose_rules.add(_op, _add_sub_transpose, since_version=_v)
-    _broadcasting_batch(_op, (1, 6, 7, 13, 14))
-
-
 # ----------------------------------------------------------------------------------- Mul
+mul = OpRules("Mul", since=7)
+mul.batch(note_ranks(broadcasting_batch))
+
+
+@mul.jvp
 def _mul_jvp(em: Emitter, node: ir.Node, tangents: Tangents) -> list[ir.Value | None]:
     (a, b), (ta, tb) = node.inputs, tangents
     assert a is not None and b is not None
@@ -132,6 +90,7 @@ def _mul_jvp(em: Emitter, node: ir.Node, tangents: Tangents) -> list[ir.Value | 
     return [em.add_all(terms)]
 
 
+@mul.transpose
 def _mul_transpose(
     em: Emitter, node: ir.Node, cts: Tangents, linear: Sequence[bool]
 ) -> list[ir.Value | None]:
@@ -144,13 +103,12 @@ def _mul_transpose(
     return [None, unbroadcast(em, em.op("Mul", [a, ct]), b, y)]
 
 
-for _v in (7, 13, 14):
-    jvp_rules.add("Mul", _mul_jvp, since_version=_v)
-    transpose_rules.add("Mul", _mul_transpose, since_version=_v)
-_broadcasting_batch("Mul", (1, 6, 7, 13, 14))
-
-
 # ----------------------------------------------------------------------------------- Div
+div = OpRules("Div", since=7)
+div.batch(note_ranks(broadcasting_batch))
+
+
+@div.jvp
 def _div_jvp(em: Emitter, node: ir.Node, tangents: Tangents) -> list[ir.Value | None]:
     (a, b), (ta, tb), y = node.inputs, tangents, node.outputs[0]
     assert a is not None and b is not None
@@ -164,6 +122,7 @@ def _div_jvp(em: Emitter, node: ir.Node, tangents: Tangents) -> list[ir.Value | 
     return [em.add_all(terms)]
 
 
+@div.transpose
 def _div_transpose(
     em: Emitter, node: ir.Node, cts: Tangents, linear: Sequence[bool]
 ) -> list[ir.Value | None]:
@@ -174,17 +133,11 @@ def _div_transpose(
     return [unbroadcast(em, em.op("Div", [ct, b]), a, y), None]
 
 
-for _v in (7, 13, 14):
-    jvp_rules.add("Div", _div_jvp, since_version=_v)
-    transpose_rules.add("Div", _div_transpose, since_version=_v)
-_broadcasting_batch("Div", (1, 6, 7, 13, 14))
-
-
 # ---------------------------------------------------------------------- Neg / Identity
-register_linear_unary("Neg", (6, 13))
-register_linear_unary("Identity", (1, 13, 14, 16, 19, 21, 25))
-_vectorized_batch("Neg", (1, 6, 13))
-_vectorized_batch("Identity", (1, 13, 14, 16, 19, 21, 23, 24, 25))
+for _linear in (OpRules("Neg", since=6), OpRules("Identity", since=1)):
+    _linear.jvp(linear_unary_jvp)
+    _linear.transpose(linear_unary_transpose())
+    _linear.batch(note_ranks(vectorized_batch))
 
 
 # ---------------------------------------------------------------------------------- helpers
@@ -215,6 +168,11 @@ def _cast(em: Emitter, value: ir.Value, dtype: ir.DataType) -> ir.Value:
 
 
 # ----------------------------------------------------------------------------------- Pow
+pow_ = OpRules("Pow", since=7)
+pow_.batch(note_ranks(broadcasting_batch))
+
+
+@pow_.jvp
 def _pow_jvp(em: Emitter, node: ir.Node, tangents: Tangents) -> list[ir.Value | None]:
     (a, b), (ta, tb), y = node.inputs, tangents, node.outputs[0]
     assert a is not None and b is not None
@@ -238,12 +196,12 @@ def _pow_jvp(em: Emitter, node: ir.Node, tangents: Tangents) -> list[ir.Value | 
     return [em.add_all(terms)]
 
 
-for _v in (7, 12, 13, 15):
-    jvp_rules.add("Pow", _pow_jvp, since_version=_v)
-_broadcasting_batch("Pow", (1, 7, 12, 13, 15))
-
-
 # ---------------------------------------------------------------------------- Sum / Mean
+sum_mean = OpRules(("Sum", "Mean"), since=6)
+sum_mean.batch(note_ranks(broadcasting_batch))
+
+
+@sum_mean.jvp
 def _sum_mean_jvp(em: Emitter, node: ir.Node, tangents: Tangents) -> list[ir.Value | None]:
     y = node.outputs[0]
     active = [(x, t) for x, t in zip(node.inputs, tangents, strict=False) if t is not None]
@@ -258,6 +216,7 @@ def _sum_mean_jvp(em: Emitter, node: ir.Node, tangents: Tangents) -> list[ir.Val
     return [total]
 
 
+@sum_mean.transpose
 def _sum_mean_transpose(
     em: Emitter, node: ir.Node, cts: Tangents, linear: Sequence[bool]
 ) -> list[ir.Value | None]:
@@ -271,14 +230,12 @@ def _sum_mean_transpose(
     ]
 
 
-for _op in ("Sum", "Mean"):
-    for _v in (6, 8, 13):
-        jvp_rules.add(_op, _sum_mean_jvp, since_version=_v)
-        transpose_rules.add(_op, _sum_mean_transpose, since_version=_v)
-    _broadcasting_batch(_op, (1, 6, 8, 13))
-
-
 # ----------------------------------------------------------------------------- Max / Min
+max_min = OpRules(("Max", "Min"), since=6)
+max_min.batch(note_ranks(broadcasting_batch))
+
+
+@max_min.jvp
 def _max_min_jvp(em: Emitter, node: ir.Node, tangents: Tangents) -> list[ir.Value | None]:
     xs, y = node.inputs, node.outputs[0]
     active = [i for i, t in enumerate(tangents) if t is not None]
@@ -308,13 +265,10 @@ def _max_min_jvp(em: Emitter, node: ir.Node, tangents: Tangents) -> list[ir.Valu
     return [em.add_all(terms)]
 
 
-for _op in ("Max", "Min"):
-    for _v in (6, 8, 12, 13):
-        jvp_rules.add(_op, _max_min_jvp, since_version=_v)
-    _broadcasting_batch(_op, (1, 6, 8, 12, 13))
-
-
 # ----------------------------------------------------------------------------------- Clip
+clip = OpRules("Clip", since=6)
+
+
 def _clip_bounds(em: Emitter, node: ir.Node) -> tuple[ir.Value | None, ir.Value | None]:
     """The primal bounds: inputs since Clip-11, attributes (absent: unbounded) in Clip-6."""
     x = node.inputs[0]
@@ -329,6 +283,7 @@ def _clip_bounds(em: Emitter, node: ir.Node) -> tuple[ir.Value | None, ir.Value 
     return padded[0], padded[1]
 
 
+@clip.jvp
 def _clip_jvp(em: Emitter, node: ir.Node, tangents: Tangents) -> list[ir.Value | None]:
     x, y = node.inputs[0], node.outputs[0]
     assert x is not None
@@ -364,10 +319,7 @@ def _clip_jvp(em: Emitter, node: ir.Node, tangents: Tangents) -> list[ir.Value |
     return [em.add_all(terms)]
 
 
-for _v in (6, 11, 12, 13):
-    jvp_rules.add("Clip", _clip_jvp, since_version=_v)
-
-
+@clip.batch
 def _clip_batch(bx: Batcher, node: ir.Node, args: Args, batched: Sequence[bool]) -> BatchResult:
     """Clip as is when only x is batched; Max/Min against the aligned bounds otherwise.
 
@@ -389,11 +341,13 @@ def _clip_batch(bx: Batcher, node: ir.Node, args: Args, batched: Sequence[bool])
     return [out], [True]
 
 
-for _v in (1, 6, 11, 12, 13):
-    batch_rules.add("Clip", _clip_batch, since_version=_v)
-
-
 # ---------------------------------------------------------------------------------- Where
+where = OpRules("Where", since=9)
+# The condition broadcasts like the other operands, so it may be batched too.
+where.batch(note_ranks(broadcasting_batch))
+
+
+@where.jvp
 def _where_jvp(em: Emitter, node: ir.Node, tangents: Tangents) -> list[ir.Value | None]:
     (c, a, b), (_, ta, tb), y = node.inputs, tangents, node.outputs[0]
     assert c is not None and a is not None and b is not None
@@ -408,6 +362,7 @@ def _where_jvp(em: Emitter, node: ir.Node, tangents: Tangents) -> list[ir.Value 
     ]
 
 
+@where.transpose
 def _where_transpose(
     em: Emitter, node: ir.Node, cts: Tangents, linear: Sequence[bool]
 ) -> list[ir.Value | None]:
@@ -419,14 +374,12 @@ def _where_transpose(
     return [None, ca, cb]
 
 
-for _v in (9, 16):
-    jvp_rules.add("Where", _where_jvp, since_version=_v)
-    transpose_rules.add("Where", _where_transpose, since_version=_v)
-# The condition broadcasts like the other operands, so it may be batched too.
-_broadcasting_batch("Where", (9, 16))
-
-
 # --------------------------------------------------------------------------- Cast / CastLike
+cast = OpRules("Cast", since=6)
+cast.batch(note_ranks(vectorized_batch))
+cast_like = OpRules("CastLike", since=15)
+
+
 def _cast_target(node: ir.Node) -> ir.DataType:
     if node.op_type == "Cast":
         return ir.DataType(node.attributes.get_int("to", 0))
@@ -435,6 +388,7 @@ def _cast_target(node: ir.Node) -> ir.DataType:
     return out if out is not None else _dtype_of(target)
 
 
+@cast.jvp
 def _cast_jvp(em: Emitter, node: ir.Node, tangents: Tangents) -> list[ir.Value | None]:
     t = tangents[0]
     if t is None:
@@ -456,6 +410,7 @@ def _cast_jvp(em: Emitter, node: ir.Node, tangents: Tangents) -> list[ir.Value |
     return [None]
 
 
+@cast.transpose
 def _cast_transpose(
     em: Emitter, node: ir.Node, cts: Tangents, linear: Sequence[bool]
 ) -> list[ir.Value | None]:
@@ -465,13 +420,11 @@ def _cast_transpose(
     return [back] if node.op_type == "Cast" else [back, None]
 
 
-jvp_rules.add("Cast", _cast_jvp, since_version=6)
-transpose_rules.add("Cast", _cast_transpose, since_version=6)
-jvp_rules.add("CastLike", _cast_jvp, since_version=15)
-transpose_rules.add("CastLike", _cast_transpose, since_version=15)
-_vectorized_batch("Cast", (1, 6, 9, 13, 19, 21, 23, 24, 25, 28))
+cast_like.jvp(_cast_jvp)
+cast_like.transpose(_cast_transpose)
 
 
+@cast_like.batch
 def _castlike_batch(bx: Batcher, node: ir.Node, args: Args, batched: Sequence[bool]) -> BatchResult:
     """The second input only lends its element type: batched or not, it is passed as is.
 
@@ -480,11 +433,12 @@ def _castlike_batch(bx: Batcher, node: ir.Node, args: Args, batched: Sequence[bo
     return [bx.op("CastLike", list(args), attributes_of(node))], [batched[0]]
 
 
-for _v in (15, 19, 21, 23, 24, 25):
-    batch_rules.add("CastLike", _castlike_batch, since_version=_v)
-
-
 # ----------------------------------------------------------------------------------- Mod
+mod = OpRules("Mod", since=10)
+mod.batch(note_ranks(broadcasting_batch))
+
+
+@mod.jvp
 def _mod_jvp(em: Emitter, node: ir.Node, tangents: Tangents) -> list[ir.Value | None]:
     # Floating-point Mod (fmod=1) is a - b*trunc(a/b); fmod=0 would be a - b*floor(a/b). Both have
     # d/da = 1 and d/db = -q with q = (a - y)/b, an integer; Round removes the division's error.
@@ -495,7 +449,3 @@ def _mod_jvp(em: Emitter, node: ir.Node, tangents: Tangents) -> list[ir.Value | 
     quotient = em.op("Round", [em.op("Div", [em.op("Sub", [a, y]), b])])
     tb_term = em.op("Mul", [tb, em.op("Neg", [quotient])])
     return [tb_term if ta is None else em.op("Add", [ta, tb_term])]
-
-
-jvp_rules.add("Mod", _mod_jvp, since_version=10)
-_broadcasting_batch("Mod", (10, 13, 28))
