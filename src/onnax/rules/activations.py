@@ -1,7 +1,7 @@
 """Unary math and activation functions.
 
 Exp Log Sqrt Reciprocal Abs, the trigonometric and hyperbolic functions and their inverses, Erf,
-Tanh, Sigmoid, the ReLU family (Relu LeakyRelu PRelu Elu Selu Celu ThresholdedRelu), Softplus
+Tanh, Sigmoid, the ReLU family (Relu LeakyRelu PRelu Elu Selu Celu ThresholdedRelu), Shrink, Softplus
 Softsign HardSigmoid HardSwish Mish and Gelu.
 
 Every operator here except ``PRelu`` is elementwise with one input, so its tangent is
@@ -277,6 +277,14 @@ def _thresholded_relu(em: Emitter, node: ir.Node, x: ir.Value, y: ir.Value) -> i
     return _where(em, _greater(em, x, _c(em, alpha, x)), _c(em, 1.0, x), _c(em, 0.0, x))
 
 
+def _shrink(em: Emitter, node: ir.Node, x: ir.Value, y: ir.Value) -> ir.Value:
+    # ONNX: y = x + bias for x < -lambd, x - bias for x > lambd, 0 otherwise; the slope is 1
+    # outside [-lambd, lambd] and 0 inside, the formula's zero branch at the bounds themselves.
+    lambd = float_attr(node, "lambd", 0.5)
+    outside = _greater(em, em.op("Abs", [x]), _c(em, lambd, x))
+    return _where(em, outside, _c(em, 1.0, x), _c(em, 0.0, x))
+
+
 def _hard_sigmoid(em: Emitter, node: ir.Node, x: ir.Value, y: ir.Value) -> ir.Value:
     # y = max(0, min(1, alpha x + beta)): alpha where 0 < y < 1 (the clip is inactive), else 0.
     # Testing y rather than x needs no division by alpha (which may be 0 or negative).
@@ -344,6 +352,7 @@ _UNARY: dict[str, tuple[int, Coefficient]] = {
     "Selu": (6, _selu),
     "Celu": (12, _celu),
     "ThresholdedRelu": (10, _thresholded_relu),
+    "Shrink": (9, _shrink),
     "Softplus": (1, _softplus),
     "Softsign": (1, _softsign),
     "HardSigmoid": (6, _hard_sigmoid),
