@@ -25,8 +25,8 @@ emission, cleanup) dominates per node.
 from __future__ import annotations
 
 import argparse
-import cProfile
 import collections
+import cProfile
 import math
 import pstats
 import sys
@@ -94,6 +94,8 @@ def residual_network(nodes: int, seed: int = 0) -> ir.Model:
         current = op("Add", [current, op("Concat", [hi, lo], axis=2)])
     loss = op("ReduceSum", [current], keepdims=0)
     loss.name = "L"
+    loss.type = ir.TensorType(ir.DataType.FLOAT)
+    loss.shape = ir.Shape([])
     graph = ir.Graph(
         [x],
         [loss],
