@@ -32,6 +32,7 @@ import pstats
 import sys
 import time
 from collections.abc import Callable, Sequence
+from typing import Any
 
 import numpy as np
 import onnx_ir as ir
@@ -66,7 +67,7 @@ def residual_network(nodes: int, seed: int = 0) -> ir.Model:
         initializers.append(value)
         return value
 
-    def op(op_type: str, inputs: Sequence[ir.Value], **attrs: object) -> ir.Value:
+    def op(op_type: str, inputs: Sequence[ir.Value], **attrs: Any) -> ir.Value:
         node = ir.node(op_type, list(inputs), attributes=attrs)
         graph_nodes.append(node)
         return node.outputs[0]
@@ -142,7 +143,8 @@ def bench(sizes: Sequence[int], transforms: Sequence[str], budget: float) -> Non
                 if projected > budget:
                     print(f"{name:<9} {primal:>7} skipped: projected {projected:.0f} s > budget")
                     continue
-            seconds, result = _timed(lambda name=name, model=model: TRANSFORMS[name](model))
+            transform = TRANSFORMS[name]
+            seconds, result = _timed(lambda: transform(model))  # noqa: B023 (called at once)
             timings[name].append((primal, seconds))
             ratio = _count(result) / primal
             print(
