@@ -1,0 +1,349 @@
+"""Reverse mode on real networks: gradients w.r.t. every weight, against the primal and PyTorch.
+
+Usage::
+
+    uv run python tests/benchmarks/bench_training.py [--torch-python /path/to/venv/bin/python]
+        [--models resnet18,gpt2,bert,vit_s16,convnext_tiny] [--batches 1,8] [--rounds 7]
+        [--cache /tmp/onnax-bench-training] [--tiny] [--corpus] [--skip vmap_grad,jvp_grad]
+
+The networks (resnet18 at 224 px, a GPT-2-small-shaped decoder of 6 layers x 512 at sequence
+128, a BERT-base-shaped encoder, ViT-S/16 and convnext-tiny; random seeded weights, eval mode)
+are built and exported by ``training_torch.py`` in a Python that has torch, transformers and
+timm; make one with ``python -m venv /tmp/tv && /tmp/tv/bin/pip install torch==2.13.0
+transformers timm onnxscript`` (torch is a CPU wheel on this machine's local index). The exports
+and PyTorch's own timings land in ``--cache`` and are reused on the next run. ``--corpus`` adds
+the small real-model corpus of ``tests/data/real`` (its TorchScript exports, batch 2, with the
+loss ``sum(y * r)`` of its references), which needs no torch.
+
+Per model and batch it prints, all at one onnxruntime thread, medians over interleaved rounds:
+
+* primal time, and each derivative's time over the primal's: ``grad_all`` (the loss w.r.t.
+  every float initializer and the input), ``grad_in`` (w.r.t. the input), ``vjp`` (of ``y``
+  w.r.t. the input), ``jvp_grad`` (forward over reverse w.r.t. the input: a Hessian-vector
+  product) and ``vmap_grad`` (per-example gradients of every weight: vmap of the batch-1 model's
+  grad over the batch);
+* node counts of the primal and of each derivative;
+* the peak activation memory of the onnxruntime session for the primal and for ``grad_all``
+  (the growth of the resident set during its runs, measured in a fresh process each);
+* head to head against PyTorch eager on the same weights, where ``--torch-python`` is given:
+  onnax time / torch time for the forward, ``grad_all`` (against forward + backward of every
+  parameter), ``grad_in``, ``jvp_grad`` (``torch.func.jvp`` of ``torch.func.grad``) and
+  ``vmap_grad`` (``torch.func.vmap(torch.func.grad)``).
+
+onnxruntime-training's gradient graph is not compared here: onnxruntime-training 1.19.2 needs
+its own environment and Python <= 3.12 wheels (see the closing notes of the performance issue).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import subprocess
+import sys
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+import onnx_ir as ir
+import onnxruntime as ort
+
+import onnax
+
+HERE = Path(__file__).resolve().parent
+REAL = HERE.parent / "data" / "real"
+MODELS = ("resnet18", "gpt2", "bert", "vit_s16", "convnext_tiny")
+DERIVATIVES = ("grad_all", "grad_in", "vjp", "jvp_grad", "vmap_grad")
+# onnax derivative -> the PyTorch timing it is compared with (training_torch.py's names)
+TORCH_OF = {
+    "primal": "forward",
+    "grad_all": "backward_params",
+    "grad_in": "backward_input",
+    "jvp_grad": "hvp",
+    "vmap_grad": "per_example",
+}
+
+
+@dataclass
+class Bench:
+    """One model at one batch size: the primal and its derivatives with their feeds."""
+
+    name: str
+    models: dict[str, ir.Model] = field(default_factory=dict)
+    feeds: dict[str, dict[str, np.ndarray]] = field(default_factory=dict)
+    torch: dict[str, float] = field(default_factory=dict)
+
+
+def _count(model: ir.Model) -> int:
+    return sum(1 for g in model.graphs() for _ in g)
+
+
+def _float_initializers(model: ir.Model) -> list[str]:
+    return [
+        name
+        for name, v in model.graph.initializers.items()
+        if v.dtype in (ir.DataType.FLOAT, ir.DataType.DOUBLE, ir.DataType.FLOAT16)
+        and v.const_value is not None
+        and v.const_value.size > 1
+    ]
+
+
+def _session(model: ir.Model) -> ort.InferenceSession:
+    options = ort.SessionOptions()
+    options.intra_op_num_threads = 1
+    options.inter_op_num_threads = 1
+    options.log_severity_level = 3
+    proto = ir.serde.serialize_model(model)
+    return ort.InferenceSession(
+        proto.SerializeToString(), options, providers=["CPUExecutionProvider"]
+    )
+
+
+def _feeds_for(sess: ort.InferenceSession, given: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+    """The given feeds, and ones for every other input (seeds and tangents)."""
+    rng = np.random.default_rng(0)
+    feeds = {}
+    types = {"tensor(float)": np.float32, "tensor(double)": np.float64}
+    for arg in sess.get_inputs():
+        if arg.name in given:
+            feeds[arg.name] = given[arg.name]
+            continue
+        shape = [d if isinstance(d, int) else 1 for d in arg.shape]
+        feeds[arg.name] = rng.standard_normal(shape).astype(types.get(arg.type, np.float32))
+    return feeds
+
+
+def derive(primal: ir.Model, x: np.ndarray, single: ir.Model | None, skip: set[str]) -> Bench:
+    """The primal's derivative models, each with its feeds."""
+    bench = Bench("")
+    weights = _float_initializers(primal)
+    floating = np.issubdtype(x.dtype, np.floating)
+    bench.models["primal"] = primal
+    bench.feeds["primal"] = {"x": x}
+    builders: dict[str, Callable[[], ir.Model]] = {
+        "grad_all": lambda: onnax.grad(
+            primal, inputs=[*weights, *(["x"] if floating else [])], output="loss"
+        ),
+    }
+    if floating:
+        builders["grad_in"] = lambda: onnax.grad(primal, inputs="x", output="loss")
+        builders["vjp"] = lambda: onnax.vjp(primal, inputs="x", outputs="y")
+        builders["jvp_grad"] = lambda: onnax.jvp(
+            onnax.grad(primal, inputs="x", output="loss"), inputs="x"
+        )
+    if single is not None and x.shape[0] > 1:
+        single_weights = _float_initializers(single)
+        builders["vmap_grad"] = lambda: onnax.vmap(
+            onnax.grad(single, inputs=single_weights, output="loss"), in_axes=0
+        )
+    for name, build in builders.items():
+        if name in skip:
+            continue
+        start = time.process_time()
+        try:
+            bench.models[name] = build()
+        except onnax.OnnaxError as error:  # report and go on: one refusal is a finding
+            print(f"  {name}: refused: {str(error).splitlines()[0]}")
+            continue
+        print(f"  {name}: transform {time.process_time() - start:.1f} s CPU", flush=True)
+        feeds = {"x": x[:, None] if name == "vmap_grad" else x}
+        bench.feeds[name] = feeds
+    return bench
+
+
+def time_models(bench: Bench, rounds: int) -> dict[str, float]:
+    """Median run time of every model of ``bench``, in interleaved rounds after a warm-up."""
+    sessions = {name: _session(model) for name, model in bench.models.items()}
+    feeds = {name: _feeds_for(s, bench.feeds[name]) for name, s in sessions.items()}
+    samples: dict[str, list[float]] = {name: [] for name in sessions}
+    for name, sess in sessions.items():
+        sess.run(None, feeds[name])
+    for _ in range(rounds):
+        for name, sess in sessions.items():
+            start = time.perf_counter()
+            sess.run(None, feeds[name])
+            samples[name].append(time.perf_counter() - start)
+    return {name: statistics.median(s) for name, s in samples.items()}
+
+
+# The arena keeps what a run allocated, so the current resident set after the runs less the one
+# before them is the run's peak working memory (activations, residuals, outputs), without the
+# transient peaks of loading and optimizing the model that ru_maxrss would include.
+_MEMORY_CHILD = """
+import sys, numpy as np, onnxruntime as ort
+def rss():
+    with open("/proc/self/status") as status:
+        line = next(l for l in status if l.startswith("VmRSS:"))
+    return int(line.split()[1]) * 1024
+options = ort.SessionOptions()
+options.intra_op_num_threads = 1
+options.log_severity_level = 3
+sess = ort.InferenceSession(sys.argv[1], options, providers=["CPUExecutionProvider"])
+feeds = dict(np.load(sys.argv[2]))
+before = rss()
+for _ in range(2):
+    outputs = sess.run(None, feeds)
+print(rss() - before)
+"""
+
+
+def peak_memory(model: ir.Model, feeds: dict[str, np.ndarray], scratch: Path) -> int:
+    """Bytes the resident set grows by while onnxruntime runs the model (a fresh process)."""
+    scratch.mkdir(parents=True, exist_ok=True)
+    model_path, feeds_path = scratch / "memory.onnx", scratch / "memory.npz"
+    ir.save(model, model_path)
+    sess = _session(model)
+    np.savez(feeds_path, **_feeds_for(sess, feeds))  # type: ignore[arg-type]
+    out = subprocess.run(
+        [sys.executable, "-c", _MEMORY_CHILD, str(model_path), str(feeds_path)],
+        capture_output=True,
+        text=True,
+        check=True,
+    )
+    return int(out.stdout.strip().splitlines()[-1])
+
+
+def report(name: str, bench: Bench, times: dict[str, float], memory: dict[str, int]) -> None:
+    primal = times["primal"]
+    nodes = _count(bench.models["primal"])
+    print(f"{name}: primal {1e3 * primal:.1f} ms, {nodes} nodes", end="")
+    if memory:
+        print(f", peak activations primal {memory['primal'] / 2**20:.0f} MiB", end="")
+    print()
+    print(f"  {'model':<10} {'ms':>9} {'/primal':>8} {'nodes':>7} {'/primal':>8} {'vs torch':>9}")
+    for key in ("primal", *DERIVATIVES):
+        if key not in times:
+            continue
+        torch_key = TORCH_OF.get(key)
+        vs = (
+            f"{times[key] / bench.torch[torch_key]:>9.2f}"
+            if torch_key and torch_key in bench.torch
+            else f"{'-':>9}"
+        )
+        n = _count(bench.models[key])
+        print(
+            f"  {key:<10} {1e3 * times[key]:>9.1f} {times[key] / primal:>8.2f} {n:>7} "
+            f"{n / nodes:>8.2f} {vs}"
+        )
+    if "grad_all" in memory:
+        ratio = memory["grad_all"] / max(memory["primal"], 1)
+        print(
+            f"  peak activations grad_all {memory['grad_all'] / 2**20:.0f} MiB ({ratio:.1f}x primal)"
+        )
+
+
+def _export(
+    torch_python: str, cache: Path, models: Sequence[str], batches: str, tiny: bool, rounds: int
+) -> None:
+    command = [
+        torch_python,
+        str(HERE / "training_torch.py"),
+        "--out",
+        str(cache),
+        "--models",
+        ",".join(models),
+        "--batches",
+        batches,
+        "--rounds",
+        str(rounds),
+    ]
+    if tiny:
+        command.append("--tiny")
+    subprocess.run(command, check=True)
+
+
+def _corpus() -> list[tuple[str, ir.Model, np.ndarray]]:
+    """The real-model corpus's TorchScript exports with the loss ``sum(y * r)`` appended."""
+    found = []
+    for path in sorted(REAL.glob("*.torchscript.onnx")):
+        arch = path.name.split(".")[0]
+        refs = np.load(REAL / f"{arch}.npz")
+        model = ir.load(path)
+        inputs = [v for v in model.graph.inputs if v.name not in model.graph.initializers]
+        if len(inputs) != 1 or len(model.graph.outputs) != 1:
+            continue  # the head-to-head harness feeds one input ``x``
+        inputs[0].name = "x"
+        y = model.graph.outputs[0]
+        y.name = "y"
+        r = ir.Value(
+            name="loss_weights", const_value=ir.tensor(refs["loss_weights"].astype(np.float32))
+        )
+        r.type, r.shape = ir.TensorType(ir.DataType.FLOAT), ir.Shape(refs["loss_weights"].shape)
+        model.graph.register_initializer(r)
+        product = ir.node("Mul", [y, r])
+        total = ir.node("ReduceSum", [product.outputs[0]], attributes={"keepdims": 0})
+        total.outputs[0].name = "loss"
+        total.outputs[0].type = ir.TensorType(ir.DataType.FLOAT)
+        total.outputs[0].shape = ir.Shape([])
+        model.graph.extend([product, total])
+        model.graph.outputs.append(total.outputs[0])
+        x = next(refs[k] for k in refs.files if k.startswith("input/")).astype(np.float32)
+        found.append((f"{arch} (corpus)", model, x))
+    return found
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=(__doc__ or "").splitlines()[0])
+    parser.add_argument("--torch-python", default=None)
+    parser.add_argument("--models", default=",".join(MODELS))
+    parser.add_argument("--batches", default="1,8")
+    parser.add_argument("--rounds", type=int, default=7)
+    parser.add_argument("--cache", type=Path, default=Path("/tmp/onnax-bench-training"))
+    parser.add_argument("--tiny", action="store_true", help="narrow networks: a quick check")
+    parser.add_argument("--corpus", action="store_true", help="add tests/data/real")
+    parser.add_argument("--skip", default="", help="derivatives to skip, e.g. vmap_grad")
+    parser.add_argument("--no-memory", action="store_true")
+    args = parser.parse_args(argv)
+    models = [m for m in args.models.split(",") if m]
+    cache = args.cache / ("tiny" if args.tiny else "full")
+    missing = [
+        m
+        for m in models
+        for b in args.batches.split(",")
+        if not (cache / f"{m}.b{b}.onnx").exists()
+    ]
+    if missing and args.torch_python:
+        _export(args.torch_python, cache, models, args.batches, args.tiny, args.rounds)
+    elif missing:
+        print(f"no exports for {sorted(set(missing))} in {cache}: pass --torch-python (see --help)")
+        models = [m for m in models if m not in missing]
+    skip = set(args.skip.split(",")) - {""}
+    cases: list[tuple[str, ir.Model, np.ndarray, ir.Model | None, dict[str, float]]] = []
+    for m in models:
+        single_path = cache / f"{m}.b1.onnx"
+        for b in args.batches.split(","):
+            stem = cache / f"{m}.b{b}"
+            torch_times = json.loads(stem.with_name(stem.name + ".torch.json").read_text())
+            x = np.load(stem.with_name(stem.name + ".npz"))["x"]
+            single = ir.load(single_path) if single_path.exists() else None
+            cases.append(
+                (
+                    f"{m} batch {b}",
+                    ir.load(stem.with_name(stem.name + ".onnx")),
+                    x,
+                    single,
+                    torch_times,
+                )
+            )
+    if args.corpus:
+        cases.extend((name, model, x, None, {}) for name, model, x in _corpus())
+    for name, primal, x, single, torch_times in cases:
+        print(f"\n{name}", flush=True)
+        bench = derive(primal, x, single, skip)
+        bench.torch = torch_times
+        times = time_models(bench, args.rounds)
+        memory: dict[str, int] = {}
+        if not args.no_memory:
+            for key in ("primal", "grad_all"):
+                if key in bench.models:
+                    memory[key] = peak_memory(
+                        bench.models[key], bench.feeds[key], cache / "scratch"
+                    )
+        report(name, bench, times, memory)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,225 @@
+"""The PyTorch side of bench_training.py: builds, exports and times the benchmark networks.
+
+Runs in a Python with torch, transformers and timm (never in the project's environment; the
+unit tests need none of them). bench_training.py calls it; by hand::
+
+    /path/to/torch-venv/bin/python tests/benchmarks/training_torch.py --out DIR
+        [--models resnet18,gpt2,bert,vit_s16,convnext_tiny] [--batches 1,8] [--tiny]
+        [--rounds 7] [--no-time]
+
+For each model and batch size it writes ``DIR/<model>.b<batch>.onnx`` (TorchScript exporter,
+opset 17, random seeded weights, eval mode, weights embedded or as external data when large)
+with two outputs: ``y`` (logits, or the last hidden state) and ``loss = sum(y * r)`` for a fixed
+seeded ``r`` stored in the file. ``DIR/<model>.b<batch>.npz`` holds the example inputs and
+``DIR/<model>.b<batch>.torch.json`` the medians, over interleaved rounds at one thread, of:
+forward (no grad), forward + backward w.r.t. every parameter, forward + backward w.r.t. the
+input only, ``torch.func.vmap(grad)`` per-example parameter gradients (batch > 1), and
+``torch.func.jvp(grad)`` w.r.t. the input (a Hessian-vector product).
+
+``--tiny`` shrinks every network (two layers, narrow) for a quick check of the pipeline.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+import numpy as np
+import torch
+from torch import nn
+
+try:  # see examples/export_real_models.py: a CPU venv's torchvision may not load
+    import torchvision  # noqa: F401
+except (ImportError, RuntimeError):
+    _TV = torch.library.Library("torchvision", "DEF")
+    _TV.define("nms(Tensor dets, Tensor scores, float iou_threshold) -> Tensor")
+    _TV.define("qnms(Tensor dets, Tensor scores, float iou_threshold) -> Tensor")
+
+import timm
+import transformers
+
+SEQ = 128
+PIXELS = 224
+
+
+class WithLoss(nn.Module):
+    """``(y, sum(y * r))`` of a network ``y = net(x)``, ``r`` a fixed buffer."""
+
+    def __init__(self, net: nn.Module, out_shape: tuple[int, ...], seed: int) -> None:
+        super().__init__()
+        self.net = net
+        gen = torch.Generator().manual_seed(seed)
+        self.register_buffer(
+            "r", torch.randn(out_shape, generator=gen) / np.sqrt(np.prod(out_shape))
+        )
+
+    def forward(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        y = self.net(x)
+        return y, (y * self.r).sum()
+
+
+class Decoder(nn.Module):
+    """A transformers causal LM body: token ids in, last hidden state out."""
+
+    def __init__(self, model: nn.Module) -> None:
+        super().__init__()
+        self.model = model
+
+    def forward(self, ids: torch.Tensor) -> torch.Tensor:
+        return self.model(input_ids=ids).last_hidden_state
+
+
+def _gpt2(tiny: bool) -> nn.Module:
+    layers, hidden = (2, 64) if tiny else (6, 512)
+    config = transformers.GPT2Config(
+        n_layer=layers, n_embd=hidden, n_head=8, n_positions=SEQ, vocab_size=4096
+    )
+    return Decoder(transformers.GPT2Model(config))
+
+
+def _bert(tiny: bool) -> nn.Module:
+    layers, hidden = (2, 64) if tiny else (12, 768)
+    config = transformers.BertConfig(
+        num_hidden_layers=layers,
+        hidden_size=hidden,
+        num_attention_heads=4 if tiny else 12,
+        intermediate_size=4 * hidden,
+        max_position_embeddings=SEQ,
+        vocab_size=4096,
+    )
+    return Decoder(transformers.BertModel(config, add_pooling_layer=False))
+
+
+def _timm(name: str) -> Callable[[bool], nn.Module]:
+    def build(tiny: bool) -> nn.Module:
+        extra: dict[str, object] = {"img_size": 64} if tiny and name.startswith("vit") else {}
+        return timm.create_model(name, pretrained=False, num_classes=10 if tiny else 1000, **extra)
+
+    return build
+
+
+MODELS: dict[str, tuple[Callable[[bool], nn.Module], str]] = {
+    "resnet18": (_timm("resnet18"), "image"),
+    "gpt2": (_gpt2, "text"),
+    "bert": (_bert, "text"),
+    "vit_s16": (_timm("vit_small_patch16_224"), "image"),
+    "convnext_tiny": (_timm("convnext_tiny"), "image"),
+}
+
+
+def example(kind: str, batch: int, tiny: bool, seed: int) -> torch.Tensor:
+    gen = torch.Generator().manual_seed(seed)
+    if kind == "text":
+        return torch.randint(0, 4096, (batch, 16 if tiny else SEQ), generator=gen)
+    pixels = 64 if tiny else PIXELS
+    return torch.randn((batch, 3, pixels, pixels), generator=gen)
+
+
+def _median(fn: Callable[[], object]) -> Callable[[], float]:
+    def timed() -> float:
+        start = time.perf_counter()
+        fn()
+        return time.perf_counter() - start
+
+    return timed
+
+
+def timings(module: WithLoss, x: torch.Tensor, rounds: int) -> dict[str, float]:
+    """Medians over interleaved rounds of the forward and the derivative computations."""
+    params = dict(module.named_parameters())
+    buffers = dict(module.named_buffers())
+    floating = x.is_floating_point()
+
+    def forward() -> None:
+        with torch.no_grad():
+            module(x)
+
+    def backward_params() -> None:
+        module.zero_grad(set_to_none=True)
+        module(x)[1].backward()
+
+    def backward_input() -> None:
+        xi = x.detach().requires_grad_(True)
+        torch.autograd.grad(module(xi)[1], xi)
+
+    def loss_of(p: dict[str, torch.Tensor], xi: torch.Tensor) -> torch.Tensor:
+        return torch.func.functional_call(module, (p, buffers), (xi,))[1]
+
+    def per_example() -> None:
+        # one example at a time, as onnax's vmap(grad) of the batch-1 model computes it
+        torch.func.vmap(torch.func.grad(loss_of), in_dims=(None, 0))(params, x.unsqueeze(1))
+
+    def hvp_forward() -> None:
+        g = torch.func.grad(loss_of, argnums=1)
+        torch.func.jvp(lambda xi: g(params, xi), (x,), (torch.ones_like(x),))
+
+    def hvp() -> None:
+        # CPU flash attention has no forward-mode AD: the math kernel of attention has
+        with torch.nn.attention.sdpa_kernel(torch.nn.attention.SDPBackend.MATH):
+            hvp_forward()
+
+    cases: dict[str, Callable[[], object]] = {
+        "forward": forward,
+        "backward_params": backward_params,
+    }
+    if floating:
+        cases["backward_input"] = backward_input
+        cases["hvp"] = hvp
+    if x.shape[0] > 1:
+        cases["per_example"] = per_example
+    samples: dict[str, list[float]] = {name: [] for name in cases}
+    for fn in cases.values():  # warm-up
+        fn()
+    for _ in range(rounds):
+        for name, fn in cases.items():
+            samples[name].append(_median(fn)())
+    return {name: statistics.median(s) for name, s in samples.items()}
+
+
+def export(module: WithLoss, x: torch.Tensor, path: Path) -> None:
+    torch.onnx.export(
+        module,
+        (x,),
+        str(path),
+        input_names=["x"],
+        output_names=["y", "loss"],
+        opset_version=17,
+        dynamo=False,
+        do_constant_folding=True,
+    )
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=(__doc__ or "").splitlines()[0])
+    parser.add_argument("--out", type=Path, required=True)
+    parser.add_argument("--models", default=",".join(MODELS))
+    parser.add_argument("--batches", default="1,8")
+    parser.add_argument("--tiny", action="store_true")
+    parser.add_argument("--rounds", type=int, default=7)
+    parser.add_argument("--no-time", action="store_true")
+    args = parser.parse_args()
+    torch.set_num_threads(1)
+    args.out.mkdir(parents=True, exist_ok=True)
+    for name in args.models.split(","):
+        build, kind = MODELS[name]
+        for batch in (int(b) for b in args.batches.split(",")):
+            torch.manual_seed(0)
+            net = build(args.tiny).eval()
+            x = example(kind, batch, args.tiny, seed=1)
+            with torch.no_grad():
+                y = net(x)
+            module = WithLoss(net, tuple(y.shape), seed=2).eval()
+            stem = f"{name}.b{batch}"
+            export(module, x, args.out / f"{stem}.onnx")
+            np.savez(args.out / f"{stem}.npz", x=x.numpy())
+            result = {} if args.no_time else timings(module, x, args.rounds)
+            (args.out / f"{stem}.torch.json").write_text(json.dumps(result, indent=1))
+            print(f"{name} batch {batch}: exported; torch {result}", flush=True)
+
+
+if __name__ == "__main__":
+    main()
