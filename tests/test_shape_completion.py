@@ -1,4 +1,4 @@
-"""Shapes as complete as the best engine available (passes/shape_fill.py).
+"""Shapes as complete as the best engine available (core/shape_fill.py).
 
 TorchScript exports compute the shapes of their masks at run time, in arithmetic that
 onnx_shape_inference does not follow (``ConstantOfShape``, ``Equal``, a ``Where`` whose branches
@@ -18,7 +18,8 @@ import onnx_ir as ir
 import pytest
 
 import onnax
-from onnax.passes.prepare import infer_shapes, prepare
+from onnax.core.inference import infer_shapes
+from onnax.passes.prepare import prepare
 from oracles import check_vjp, check_vmap, fd_jvp, run, tolerances
 
 HEADER = '<ir_version: 10, opset_import: ["" : 17]>\n'

@@ -1,1 +1,4 @@
-"""Export helpers behind :mod:`onnax.casadi`: the seed layout and the CasADi contract."""
+"""Export to other tools: CasADi derivative families, their seed layout and contract.
+
+:mod:`onnax.export.casadi` is public as :mod:`onnax.casadi`.
+"""

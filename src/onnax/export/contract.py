@@ -17,9 +17,16 @@ import onnx_ir as ir
 
 from onnax.core.naming import diff_prefix, io_names
 from onnax.core.selection import is_float
-from onnax.export.layout import CasadiContractError, Layout, _mul, _shape_dims, seeded_shape
+from onnax.export.layout import CasadiContractError, Layout, dim_product, seeded_shape, shape_dims
 
-__all__ = ["casadi_diff_mask", "check_family"]
+__all__ = [
+    "casadi_diff_mask",
+    "check_embedded",
+    "check_family",
+    "check_member",
+    "seed_dimension",
+    "siblings_on_disk",
+]
 
 _SIBLING = re.compile(r"^((?:(?:fwd|adj)_)+|jac_)(.+)$")
 
@@ -51,7 +58,7 @@ def casadi_diff_mask(graph: ir.Graph) -> dict[str, bool] | None:
     return masks[0]
 
 
-def _siblings_on_disk(target: Path) -> list[Path]:
+def siblings_on_disk(target: Path) -> list[Path]:
     """Files next to ``target`` that CasADi would take for its siblings."""
     if not target.parent.is_dir():
         return []
@@ -66,7 +73,7 @@ def _siblings_on_disk(target: Path) -> list[Path]:
     return found
 
 
-def _check_model(
+def check_member(
     kind: str,
     model: ir.Model,
     family_models: Mapping[str, ir.Model],
@@ -76,7 +83,7 @@ def _check_model(
     """Checks one member of a family against the contract; raises CasadiContractError."""
     if kind == "f":
         for v in (*model.graph.inputs, *model.graph.outputs):
-            _shape_dims(v)
+            shape_dims(v)
         return
     if kind == "jac":
         return
@@ -91,7 +98,12 @@ def _check_model(
     _check_sibling(kind, mode, model, parent, family_models, layout, diff_inputs)
 
 
-def _check_embedded(kind: str, proto: onnx.ModelProto) -> None:
+def check_embedded(kind: str, proto: onnx.ModelProto) -> None:
+    """Refuses a member whose weights are external data, which CasADi cannot load.
+
+    Raises:
+        CasadiContractError: If an initializer of ``proto`` is stored as external data.
+    """
     for tensor in proto.graph.initializer:
         if tensor.data_location == onnx.TensorProto.EXTERNAL:
             raise CasadiContractError(
@@ -106,7 +118,7 @@ def _visible_inputs(graph: ir.Graph) -> list[ir.Value]:
     return [v for v in graph.inputs if v.name not in graph.initializers]
 
 
-def _seed_dim(prefix: str) -> str:
+def seed_dimension(prefix: str) -> str:
     """CasADi's seed dimension for a prefix: ``fwd_`` -> ``nfwd``, ``adj2_`` -> ``nadj2``."""
     return "n" + prefix.rstrip("_")
 
@@ -150,7 +162,7 @@ def _check_sibling(
     parent_kind = kind.partition("_")[2] or "f"
     diff_in, diff_out = _diff_chain(parent_kind, family_models, diff_inputs)
     prefix = diff_prefix(io_names(pg), mode)
-    dim = _seed_dim(prefix)
+    dim = seed_dimension(prefix)
     inputs = {v.name: v for v in _visible_inputs(g)}
     outputs = {v.name: v for v in g.outputs}
     p_inputs = {v.name: v for v in _visible_inputs(pg)}
@@ -202,9 +214,9 @@ def _same_type(label: str, got: ir.Value, want: ir.Value, what: str) -> None:
 
 def _check_seeded(label: str, got: ir.Value, primal: ir.Value, dim: str, layout: Layout) -> None:
     _same_type(label, got, primal, f"{got.name!r}")
-    want = seeded_shape(_shape_dims(primal), dim, layout)
-    have = _shape_dims(got)
-    if [str(_mul(d)) for d in have] != [str(_mul(d)) for d in want]:
+    want = seeded_shape(shape_dims(primal), dim, layout)
+    have = shape_dims(got)
+    if [str(dim_product(d)) for d in have] != [str(dim_product(d)) for d in want]:
         raise CasadiContractError(
             f"{label}: {got.name!r} has shape {have}, expected {want}: the seed count must be "
             f"the named symbolic dimension {dim!r} "
@@ -238,10 +250,10 @@ def check_family(
     target = Path(path)
     data = target.parent / (target.name + ".data")
     models: dict[str, ir.Model] = {}
-    for p in [target, *(s for s in _siblings_on_disk(target) if s != data)]:
+    for p in [target, *(s for s in siblings_on_disk(target) if s != data)]:
         kind = "f" if p == target else p.name[: -len(target.name) - 1]
         proto = onnx.load_model(str(p), load_external_data=False)
-        _check_embedded(p.name, proto)
+        check_embedded(p.name, proto)
         models[kind] = ir.from_proto(proto)
     order = sorted(models, key=lambda k: (k != "f", k.count("_"), k))
     root = models["f"].graph
@@ -254,5 +266,5 @@ def check_family(
         )
     diff = list(inputs)
     for kind in order:
-        _check_model(kind, models[kind], models, layout, diff)
+        check_member(kind, models[kind], models, layout, diff)
     return order

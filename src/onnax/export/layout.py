@@ -24,7 +24,9 @@ __all__ = [
     "Layout",
     "SeedLayoutPass",
     "casadi_matrix",
+    "dim_product",
     "seeded_shape",
+    "shape_dims",
 ]
 
 Layout = Literal["casadi", "onnx"]
@@ -51,7 +53,7 @@ def _factors(dim: Dim) -> tuple[int, list[str]]:
     return number, names
 
 
-def _mul(*dims: Dim) -> Dim:
+def dim_product(*dims: Dim) -> Dim:
     """The product of dimensions, as CasADi spells it: ``"3*nadj"``, ``"N*nfwd*nadj"``."""
     number, names = 1, []
     for d in dims:
@@ -79,7 +81,7 @@ def casadi_matrix(dims: Sequence[Dim]) -> tuple[Dim, Dim]:
         return dims[0], 1
     if len(dims) == 2:
         return dims[0], dims[1]
-    return _mul(*dims), 1
+    return dim_product(*dims), 1
 
 
 def seeded_shape(dims: Sequence[Dim], seed_dim: str, layout: Layout) -> list[Dim]:
@@ -87,10 +89,15 @@ def seeded_shape(dims: Sequence[Dim], seed_dim: str, layout: Layout) -> list[Dim
     if layout == "onnx":
         return [*dims, seed_dim]
     rows, cols = casadi_matrix(dims)
-    return [rows, _mul(cols, seed_dim)]
+    return [rows, dim_product(cols, seed_dim)]
 
 
-def _shape_dims(value: ir.Value) -> list[Dim]:
+def shape_dims(value: ir.Value) -> list[Dim]:
+    """The dimensions of ``value`` as CasADi names them; raises if one has no name.
+
+    Raises:
+        CasadiContractError: If the shape, or the name of a symbolic dimension, is unknown.
+    """
     if value.shape is None:
         raise CasadiContractError(
             f"the shape of {value.name!r} is unknown; CasADi needs every input and output of a "
@@ -152,7 +159,7 @@ class SeedLayoutPass(ir.passes.FunctionalPass):
         for i, x in enumerate(list(graph.inputs)):
             if x.name not in self.seeds:
                 continue
-            per_seed = _shape_dims(x)[1:]
+            per_seed = shape_dims(x)[1:]
             new = ir.Value(
                 name=x.name,
                 type=x.type,
@@ -169,7 +176,7 @@ class SeedLayoutPass(ir.passes.FunctionalPass):
         for i, y in enumerate(list(graph.outputs)):
             if y.name not in self.results:
                 continue
-            per_seed = _shape_dims(y)[1:]
+            per_seed = shape_dims(y)[1:]
             out = self._result_out(em, y, len(per_seed))
             graph.extend(em.take())
             name = y.name

@@ -18,9 +18,9 @@ from typing import Literal
 
 import onnx_ir as ir
 
+from onnax.core.inference import infer_shapes
 from onnax.core.selection import HALF_TYPES
 from onnax.errors import SelectionError
-from onnax.passes.prepare import infer_shapes
 
 __all__ = ["ACCUMULATING_OPS", "Accumulate", "accumulate_in_float", "check_accumulate"]
 

@@ -1,18 +1,41 @@
-"""Tidying a transformed model: dead code, order, names, types and shapes."""
+"""Tidying a transformed model: dead code, order, names, types and shapes.
+
+:class:`Cleanup` is a sequence of small in-place passes, each a step that can be read, reused
+and reordered on its own (onnx_ir's own passes where they do what is needed):
+
+1. :class:`RemoveDeadNodes`, then ``RemoveUnusedNodesPass``;
+2. :class:`EliminateCommonSubexpressions` (``CommonSubexpressionEliminationPass`` that keeps
+   the outputs' declared types), then dead code again;
+3. :class:`SortGraph`, :class:`FixOutputs`, ``NameFixPass``, :class:`UniqueNamesAcrossScopes`
+   and :class:`NameMainGraph`;
+4. :class:`AnnotateShapes`.
+"""
 
 from __future__ import annotations
 
 import logging
 
 import onnx_ir as ir
+import onnx_ir.passes as passes
 import onnx_ir.passes.common as common
 from onnx_shape_inference import OpUsageError, ShapeInferenceError
 
 from onnax.core.batching import detach
+from onnax.core.inference import RANK_GUESSED, infer_shapes
 from onnax.core.subgraphs import graph_attributes
-from onnax.passes.prepare import RANK_GUESSED, infer_shapes
+from onnax.passes.steps import Steps
 
-__all__ = ["cleanup"]
+__all__ = [
+    "AnnotateShapes",
+    "Cleanup",
+    "EliminateCommonSubexpressions",
+    "FixOutputs",
+    "NameMainGraph",
+    "RemoveDeadNodes",
+    "SortGraph",
+    "UniqueNamesAcrossScopes",
+    "cleanup",
+]
 
 logger = logging.getLogger(__name__)
 
@@ -22,22 +45,118 @@ def cleanup(model: ir.Model) -> ir.Model:
 
     The primal part of a derivative model is kept whole (its outputs are still outputs); what
     goes is the forward work that no requested derivative needs.
+
+    Args:
+        model: The transformed model, changed in place.
+
+    Returns:
+        ``model``.
     """
-    _remove_dead_nodes(model.graph)
-    common.RemoveUnusedNodesPass()(model)
-    declared = [(v.type, v.shape) for v in model.graph.outputs]
-    common.CommonSubexpressionEliminationPass()(model)
-    _remove_dead_nodes(model.graph)
-    common.RemoveUnusedNodesPass()(model)
-    _keep_output_types(model.graph, declared)
-    model.graph.sort()
-    _fix_outputs(model)
-    common.NameFixPass()(model)
-    _unique_across_scopes(model)
-    if not model.graph.name:
+    return Cleanup()(model).model
+
+
+class Cleanup(Steps):
+    """The steps of :func:`cleanup` as one in-place pass."""
+
+    def __init__(self) -> None:
+        super().__init__(
+            RemoveDeadNodes(),
+            common.RemoveUnusedNodesPass(),
+            EliminateCommonSubexpressions(),
+            RemoveDeadNodes(),
+            common.RemoveUnusedNodesPass(),
+            SortGraph(),
+            FixOutputs(),
+            common.NameFixPass(),
+            UniqueNamesAcrossScopes(),
+            NameMainGraph(),
+            AnnotateShapes(),
+        )
+
+
+class RemoveDeadNodes(passes.InPlacePass):
+    """Removes the nodes nothing uses, detaching the bodies of removed ones.
+
+    See :func:`_remove_dead_nodes` for why onnx_ir's ``RemoveUnusedNodesPass`` is not enough.
+    """
+
+    def call(self, model: ir.Model) -> passes.PassResult:
+        """Runs the step on ``model``."""
+        before = model.graph.num_nodes()
+        _remove_dead_nodes(model.graph)
+        return passes.PassResult(model, modified=model.graph.num_nodes() != before)
+
+
+class EliminateCommonSubexpressions(passes.InPlacePass):
+    """onnx_ir's ``CommonSubexpressionEliminationPass``, keeping the outputs' declared types.
+
+    When a rule emits a copy of a primal output (Sin's tangent computes ``Cos(x)``, a graph
+    output of its own), CSE may keep the emitted, untyped copy in the output's place: the
+    output would then serialise without a type, which ``onnx.checker`` rejects.
+    """
+
+    def call(self, model: ir.Model) -> passes.PassResult:
+        """Runs the step on ``model``."""
+        declared = [(v.type, v.shape) for v in model.graph.outputs]
+        result = common.CommonSubexpressionEliminationPass()(model)
+        _keep_output_types(model.graph, declared)
+        return passes.PassResult(model, modified=result.modified)
+
+
+class SortGraph(passes.InPlacePass):
+    """Sorts the main graph's nodes topologically."""
+
+    def call(self, model: ir.Model) -> passes.PassResult:
+        """Runs the step on ``model``."""
+        model.graph.sort()
+        return passes.PassResult(model, modified=True)
+
+
+class FixOutputs(passes.InPlacePass):
+    """``OutputFixPass``, keeping a main-graph input passed through as an output.
+
+    See :func:`_fix_outputs`.
+    """
+
+    def call(self, model: ir.Model) -> passes.PassResult:
+        """Runs the step on ``model``."""
+        _fix_outputs(model)
+        return passes.PassResult(model, modified=True)
+
+
+class UniqueNamesAcrossScopes(passes.InPlacePass):
+    """Gives every value a name no other graph of the model holds.
+
+    See :func:`_unique_across_scopes`.
+    """
+
+    def call(self, model: ir.Model) -> passes.PassResult:
+        """Runs the step on ``model``."""
+        _unique_across_scopes(model)
+        return passes.PassResult(model, modified=True)
+
+
+class NameMainGraph(passes.InPlacePass):
+    """Names an unnamed main graph ``main`` (onnx.checker wants a name)."""
+
+    def call(self, model: ir.Model) -> passes.PassResult:
+        """Runs the step on ``model``."""
+        if model.graph.name:
+            return passes.PassResult(model, modified=False)
         model.graph.name = "main"
-    _annotate(model)
-    return model
+        return passes.PassResult(model, modified=True)
+
+
+class AnnotateShapes(passes.InPlacePass):
+    """Gives every value its type and the shape that inference knows for sure.
+
+    See :func:`_annotate`.
+    """
+
+    def call(self, model: ir.Model) -> passes.PassResult:
+        """Runs the step on ``model``."""
+        _annotate(model)
+        return passes.PassResult(model, modified=True)
 
 
 def _remove_dead_nodes(graph: ir.Graph) -> None:

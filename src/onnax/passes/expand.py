@@ -25,12 +25,13 @@ import onnx_ir as ir
 from onnax.core.diagnostics import RANDOM_OPS, node_label, op_label
 from onnax.core.emit import Emitter
 from onnax.core.functions import BodyConversionError, function_body
+from onnax.core.inference import infer_shapes
 from onnax.core.registry import Registry, batch_rules, lowerings
 from onnax.core.selection import is_float
+from onnax.core.static import constant_of
 from onnax.core.subgraphs import graph_attributes, subgraph_reads
 from onnax.errors import UnsupportedOperatorError
-from onnax.passes.fold import MAX_FOLDED_ELEMENTS, constant_of, fold_constants
-from onnax.passes.prepare import infer_shapes
+from onnax.passes.fold import MAX_FOLDED_ELEMENTS, fold_constants
 from onnax.rules import collect
 
 __all__ = ["MAX_DEPTH", "expand"]

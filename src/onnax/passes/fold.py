@@ -13,38 +13,13 @@ import numpy as np
 import onnx_ir as ir
 
 from onnax.core.diagnostics import RANDOM_OPS
-from onnax.passes.node_eval import evaluate, static_shape
-from onnax.passes.prepare import infer_shapes
+from onnax.core.inference import infer_shapes
+from onnax.core.static import constant_of, evaluate, static_shape
 
-__all__ = ["MAX_FOLDED_ELEMENTS", "constant_of", "fold_constants"]
+__all__ = ["MAX_FOLDED_ELEMENTS", "fold_constants"]
 
 MAX_FOLDED_ELEMENTS = 4096
 """Results larger than this stay computed: folding is for shape arithmetic, not for data."""
-
-
-def constant_of(value: ir.Value | None) -> np.ndarray | None:
-    """The value's content when it is an initializer or the output of a ``Constant``."""
-    if value is None:
-        return None
-    if value.const_value is not None:
-        return value.const_value.numpy()
-    node = value.producer()
-    if node is None or node.op_type != "Constant" or node.domain not in ("", "ai.onnx"):
-        return None
-    for name, attr in node.attributes.items():
-        if attr.is_ref():
-            return None
-        if name == "value":
-            return attr.as_tensor().numpy()
-        if name == "value_float":
-            return np.array(attr.as_float(), dtype=np.float32)
-        if name == "value_floats":
-            return np.array(list(attr.as_floats()), dtype=np.float32)
-        if name == "value_int":
-            return np.array(attr.as_int(), dtype=np.int64)
-        if name == "value_ints":
-            return np.array(list(attr.as_ints()), dtype=np.int64)
-    return None
 
 
 def _foldable(node: ir.Node) -> bool:

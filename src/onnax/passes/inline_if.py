@@ -17,10 +17,13 @@ from __future__ import annotations
 
 import numpy as np
 import onnx_ir as ir
+import onnx_ir.passes as passes
 
+from onnax.core.inference import infer_shapes
+from onnax.core.static import constant_of, evaluate, static_shape
 from onnax.core.subgraphs import graph_attributes, name_values
 
-__all__ = ["simplify_control_flow"]
+__all__ = ["SimplifyControlFlow", "simplify_control_flow"]
 
 
 _STATIC_OPS = frozenset(
@@ -57,13 +60,19 @@ _MAX_STATIC_DEPTH = 32
 _MAX_STATIC_ELEMENTS = 64
 
 
+class SimplifyControlFlow(passes.InPlacePass):
+    """Inlines constant-condition Ifs and makes Loop conditions explicit (a step of prepare)."""
+
+    def call(self, model: ir.Model) -> passes.PassResult:
+        """Runs the step on ``model``."""
+        simplify_control_flow(model)
+        return passes.PassResult(model, modified=True)
+
+
 def simplify_control_flow(model: ir.Model) -> None:
     """Inlines constant-condition Ifs and makes Loop conditions explicit, in place."""
     opset = model.opset_imports.get("", model.opset_imports.get("ai.onnx", 1))
     if _simplify(model.graph, opset):
-        # Imported here: prepare imports this module.
-        from onnax.passes.prepare import infer_shapes
-
         infer_shapes(model)
         _scalar_range_inputs(model.graph)
     # Graphs name inserted values with their own counters: keep names unique across scopes.
@@ -82,10 +91,6 @@ def _constant_condition(value: ir.Value | None, opset: int) -> bool | None:
 
 def _static_value(value: ir.Value | None, opset: int, depth: int) -> np.ndarray | None:
     """The value's content when constants and static shapes determine it, else None."""
-    # Imported here: fold imports prepare, which imports this module.
-    from onnax.passes.fold import constant_of
-    from onnax.passes.node_eval import evaluate, static_shape
-
     if value is None or value.is_graph_input() or depth > _MAX_STATIC_DEPTH:
         return None
     constant = constant_of(value)

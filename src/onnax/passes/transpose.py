@@ -20,6 +20,7 @@ from collections.abc import Sequence
 import onnx_ir as ir
 
 from onnax.core.emit import InternalRuleError
+from onnax.core.inference import infer_shapes
 from onnax.core.registry import transpose_rules
 from onnax.core.shapes import ShapeOracle
 from onnax.core.subgraphs import (
@@ -34,7 +35,6 @@ from onnax.core.subgraphs import (
 )
 from onnax.errors import UnsupportedOperatorError
 from onnax.passes.linearize import Linearization
-from onnax.passes.prepare import infer_shapes
 
 __all__ = ["transpose_graph", "transpose_linear"]
 

@@ -1,9 +1,11 @@
-"""Evaluating one node on constant inputs: the folding shared by the passes that fold.
+"""The static evaluator: values known before the model runs, and nodes computed from them.
 
 Constant folding (:mod:`onnax.passes.fold`), the inlining of Ifs on constant conditions
-(:mod:`onnax.passes.inline_if`) and shape completion (:mod:`onnax.passes.shape_fill`) all
-compute a node's outputs from known inputs the same way: the ONNX reference implementation, and
-``Shape``/``Size`` read off a static input shape.
+(:mod:`onnax.passes.inline_if`), shape completion (:mod:`onnax.core.shape_fill`) and the
+expansion of operators into their bodies (:mod:`onnax.passes.expand`) all read constants
+(:func:`constant_of`) and compute a node's outputs from known inputs the same way: the ONNX
+reference implementation (:func:`evaluate`), and ``Shape``/``Size`` read off a static input
+shape (:func:`static_shape`).
 """
 
 from __future__ import annotations
@@ -14,7 +16,32 @@ import onnx.helper
 import onnx_ir as ir
 from onnx.reference import ReferenceEvaluator
 
-__all__ = ["evaluate", "static_shape"]
+__all__ = ["constant_of", "evaluate", "static_shape"]
+
+
+def constant_of(value: ir.Value | None) -> np.ndarray | None:
+    """The value's content when it is an initializer or the output of a ``Constant``."""
+    if value is None:
+        return None
+    if value.const_value is not None:
+        return value.const_value.numpy()
+    node = value.producer()
+    if node is None or node.op_type != "Constant" or node.domain not in ("", "ai.onnx"):
+        return None
+    for name, attr in node.attributes.items():
+        if attr.is_ref():
+            return None
+        if name == "value":
+            return attr.as_tensor().numpy()
+        if name == "value_float":
+            return np.array(attr.as_float(), dtype=np.float32)
+        if name == "value_floats":
+            return np.array(list(attr.as_floats()), dtype=np.float32)
+        if name == "value_int":
+            return np.array(attr.as_int(), dtype=np.int64)
+        if name == "value_ints":
+            return np.array(list(attr.as_ints()), dtype=np.int64)
+    return None
 
 
 def static_shape(node: ir.Node) -> np.ndarray | None:

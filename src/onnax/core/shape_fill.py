@@ -17,7 +17,7 @@ until nothing more is learnt:
   values are annotated, so nothing a caller holds (nodes, names) moves.
 * **The other engine.** ``onnx.shape_inference.infer_shapes`` (data propagation on, strict mode
   off) runs on the model's skeleton (weights demoted to inputs, see
-  :func:`onnax.passes.prepare._skeleton_proto`), and its answer is taken for the values that
+  :func:`onnax.core.skeleton.skeleton_proto`), and its answer is taken for the values that
   still have no shape or no type. It never replaces a shape onnx_shape_inference gave, and only
   its numbers are taken: its symbolic dimensions (its own placeholders ``unk__3``, and symbols
   it may have broadcast by a guess) become anonymous ones.
@@ -26,7 +26,7 @@ A reduction with ``keepdims`` over axes known at run time keeps its input's rank
 neither engine says (:func:`_kept_rank`).
 
 All only ever add knowledge that holds for every run of the model, so the guessed ranks of a
-``Squeeze`` without axes (see :func:`onnax.passes.prepare.infer_shapes`) are excluded from both
+``Squeeze`` without axes (see :func:`onnax.core.inference.infer_shapes`) are excluded from both
 and cleared afterwards as before.
 """
 
@@ -42,7 +42,8 @@ import onnx.shape_inference
 import onnx_ir as ir
 
 from onnax.core.diagnostics import RANDOM_OPS
-from onnax.passes.node_eval import evaluate, static_shape
+from onnax.core.skeleton import skeleton_proto
+from onnax.core.static import evaluate, static_shape
 
 __all__ = ["MAX_FOLDED_ELEMENTS", "complete_shapes"]
 
@@ -302,11 +303,8 @@ def _adopt_onnx_shapes(model: ir.Model, guessed: Callable[[ir.Graph], Set[ir.Val
     # then "infers" that huge length, which onnxruntime believes.
     if not wanting:
         return False
-    # Imported here: prepare imports this module.
-    from onnax.passes.prepare import _skeleton_proto
-
     try:
-        proto, _ = _skeleton_proto(model)
+        proto, _ = skeleton_proto(model)
         inferred = onnx.shape_inference.infer_shapes(
             proto, check_type=False, strict_mode=False, data_prop=True
         )

@@ -1,0 +1,177 @@
+"""Shape inference as every transform needs it: symbolic, completed, and free of guesses.
+
+:func:`infer_shapes` runs onnx_shape_inference, completes its answers
+(:mod:`onnax.core.shape_fill`) and then takes back what rests on a guess: the ranks of a
+``Squeeze`` without axes of run-time dimensions, the symbolic dimensions broadcast against each
+other (:mod:`onnax.core.broadcast_dims`), and the numbers inference puts in place of the
+dimensions a user declared. Every pass that needs shapes calls it; it lives here, below the
+passes, so that none of them has to import another pass for it.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import onnx_ir as ir
+from onnx_shape_inference import OpUsageError, ShapeInferenceError, infer_symbolic_shapes
+
+from onnax.core.broadcast_dims import forget_guessed_broadcasts
+from onnax.core.shape_fill import complete_shapes
+
+__all__ = ["RANK_GUESSED", "infer_shapes"]
+
+
+def infer_shapes(model: ir.Model, *, complete: bool = True) -> None:
+    """Runs symbolic shape inference in place (sorting first, as inference walks in list order).
+
+    onnx_shape_inference's answers are completed by :func:`~onnax.core.shape_fill.complete_shapes`:
+    static shape arithmetic is folded into ``const_value`` annotations and
+    ``onnx.shape_inference`` fills what is still unknown, alternating with onnx_shape_inference.
+
+    onnx_shape_inference gives a ``Squeeze`` without axes the input's rank when some of its
+    dimensions are symbolic, which is a guess (a dimension that is 1 at run time goes away),
+    and rules reading that rank would lay cotangents out wrongly. Such outputs, and every value
+    inferred from them, get their shapes cleared (:func:`_forget_guessed_ranks`): the rules
+    then use a rank-free form or refuse with a message. Neither completion step reads or fills
+    them.
+
+    Args:
+        model: The model, changed in place.
+        complete: Whether to complete onnx_shape_inference's answers (costs one more round of
+            inference where folding learns something).
+    """
+    declared = _declared_io_shapes(model)
+    model.graph.sort()
+    _infer_past_guesses(model)
+    if complete:
+        complete_shapes(model, _infer_past_guesses, _guessed_ranks)
+    guessed = False
+    for graph in (model.graph, *model.graph.subgraphs()):
+        guessed = _forget_guessed_ranks(graph) or guessed
+    model.graph.meta[RANK_GUESSED] = bool(model.graph.meta.get(RANK_GUESSED)) or guessed
+    forget_guessed_broadcasts(model)
+    _keep_declared_dims(declared)
+
+
+RANK_GUESSED = "onnax.rank_guessed"
+"""``graph.meta`` key: whether inference has met a guessed rank in this model (sticky). The
+values computed from one can be recognised in the model inference saw, not in what the
+transforms make of it (vmap batches the Squeeze away), and ``Shape`` of such a value keeps a
+guessed length: so a transform's result gets inferred shapes only when this is False."""
+
+
+_NOT_INFERRED = "onnax.not_inferred"
+"""A domain without inference rules: a node moved there is passed over by inference."""
+
+
+def _infer_past_guesses(model: ir.Model) -> None:
+    """Symbolic shape inference that passes over the nodes whose rule refuses its own guesses.
+
+    The model passed onnx.checker's full check before, so a rule that raises does so on a
+    shape inference guessed earlier (a ``Squeeze`` without axes keeps a symbolic dimension,
+    then ``Einsum "ij->ji"`` finds rank 3 for its 2 indices). Such a node keeps the outputs it
+    has (unknown shapes), as the rules work without, and inference goes on after it.
+    """
+    passed_over: list[tuple[ir.Node, str]] = []
+    try:
+        while True:
+            try:
+                infer_symbolic_shapes(model, warn_on_missing=False)
+                return
+            except (OpUsageError, ShapeInferenceError) as err:
+                node = _refusing_node(model, err)
+                if node is None or node.domain == _NOT_INFERRED:
+                    raise
+                passed_over.append((node, node.domain))
+                node.domain = _NOT_INFERRED
+    finally:
+        for node, domain in passed_over:
+            node.domain = domain
+
+
+def _refusing_node(model: ir.Model, err: Exception) -> ir.Node | None:
+    if isinstance(err, OpUsageError):
+        return err.node
+    assert isinstance(err, ShapeInferenceError)
+    named = [n for n in model.graph.all_nodes() if err.node_name and n.name == err.node_name]
+    return named[0] if len(named) == 1 else None
+
+
+def _declared_io_shapes(model: ir.Model) -> list[tuple[ir.Value, ir.Shape]]:
+    graph = model.graph
+    return [(v, v.shape.copy()) for v in (*graph.inputs, *graph.outputs) if v.shape is not None]
+
+
+def _keep_declared_dims(declared: list[tuple[ir.Value, ir.Shape]]) -> None:
+    """Puts back the dimensions the user declared on graph inputs and outputs.
+
+    Inference "refines" a declared symbolic dimension with a number when it finds one, and
+    that number can be a guess (``Slice(x[n], 2, 6)`` gets 4, right only when ``n >= 6``):
+    the derivative model would then declare ``y`` and its seed as ``[4]`` and onnxruntime
+    would refuse the inputs that the source accepts. Only unknown dimensions (``?``) and
+    missing shapes take inferred values.
+    """
+    for value, shape in declared:
+        inferred = value.shape
+        if inferred is None or inferred.rank() != shape.rank():
+            value.shape = shape
+            continue
+        dims = [
+            new if isinstance(old, ir.SymbolicDim) and old.value is None else old
+            for old, new in zip(shape.dims, inferred.dims, strict=True)
+        ]
+        if dims != list(inferred.dims):
+            value.shape = ir.Shape(dims)
+
+
+_RANK_FREE = frozenset({"Shape", "Size"})
+"""Operators whose output rank does not depend on the input's."""
+
+
+def _guesses_rank(node: ir.Node) -> bool:
+    """A Squeeze without axes of a value with dimensions unknown before run time."""
+    if node.op_type != "Squeeze" or node.domain not in ("", "ai.onnx"):
+        return False
+    if (len(node.inputs) > 1 and node.inputs[1] is not None) or "axes" in node.attributes:
+        return False
+    x = node.inputs[0]
+    return x is not None and (x.shape is None or not all(isinstance(d, int) for d in x.shape.dims))
+
+
+def _shape_inputs(node: ir.Node) -> Sequence[ir.Value | None]:
+    """The inputs whose shapes decide the shape of the node's outputs.
+
+    ``CastLike`` takes only the element type of its second input. ``Reshape`` to a constant
+    shape without 0 (which would copy an input dimension) fixes the rank, and its ``-1`` is
+    the element count over the rest, which a guessed shape does not change (it only keeps
+    dimensions of size 1 that the run drops).
+    """
+    if node.domain not in ("", "ai.onnx"):
+        return node.inputs
+    if node.op_type == "CastLike":
+        return node.inputs[:1]
+    if node.op_type == "Reshape" and len(node.inputs) > 1 and node.inputs[1] is not None:
+        target = node.inputs[1].const_value
+        if target is not None and 0 not in target.numpy().reshape(-1).tolist():
+            return []
+    return node.inputs
+
+
+def _guessed_ranks(graph: ir.Graph) -> set[ir.Value]:
+    """The values of ``graph`` whose shapes rest on a guessed rank (see :func:`infer_shapes`)."""
+    guessed: set[ir.Value] = set()
+    for node in graph:
+        if node.op_type in _RANK_FREE:
+            continue
+        if _guesses_rank(node) or any(v in guessed for v in _shape_inputs(node) if v is not None):
+            guessed.update(node.outputs)
+    return guessed
+
+
+def _forget_guessed_ranks(graph: ir.Graph) -> bool:
+    """Clears the shapes resting on a guessed rank; True if there were any."""
+    guessed = _guessed_ranks(graph)
+    for out in guessed:
+        if not out.is_graph_output():
+            out.shape = None
+    return bool(guessed)
