@@ -8,6 +8,7 @@ from pathlib import Path
 import numpy as np
 import onnx
 import onnx_ir as ir
+import onnxruntime as ort
 from onnx import TensorProto, helper, numpy_helper
 
 DATA = Path(__file__).resolve().parent / "data" / "training"
@@ -20,11 +21,12 @@ def mlp(
     seed: int = 0,
     dtype: type = np.float32,
     opset: int = 17,
+    init: dict[str, np.ndarray] | None = None,
 ) -> ir.Model:
-    """``Y = Tanh(X W1 + b1) W2 + b2`` with random weights; ``X`` is ``[N, n_in]``."""
+    """``Y = Tanh(X W1 + b1) W2 + b2`` with random weights (or ``init``); ``X`` is ``[N, n_in]``."""
     rng = np.random.default_rng(seed)
     elem = helper.np_dtype_to_tensor_dtype(np.dtype(dtype))
-    weights = {
+    weights = init or {
         "fc1.weight": rng.standard_normal((n_in, hidden)) / np.sqrt(n_in),
         "fc1.bias": 0.1 * rng.standard_normal(hidden),
         "fc2.weight": rng.standard_normal((hidden, n_out)) / np.sqrt(hidden),
@@ -52,6 +54,21 @@ def mlp(
     return ir.from_proto(proto)
 
 
+def session(model: ir.Model) -> ort.InferenceSession:
+    """A CPU session; unlike ``oracles.run``, callers may feed inputs that have defaults."""
+    options = ort.SessionOptions()
+    options.log_severity_level = 3
+    proto = ir.to_proto(model).SerializeToString()
+    return ort.InferenceSession(proto, options, providers=["CPUExecutionProvider"])
+
+
+def run_all(model: ir.Model, feeds: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+    """Runs ``model`` on ``feeds`` (inputs with stored defaults included) and names the results."""
+    sess = session(model)
+    names = [o.name for o in sess.get_outputs()]
+    return dict(zip(names, sess.run(None, feeds), strict=True))
+
+
 def weights(model: ir.Model) -> dict[str, np.ndarray]:
     """Float initializers by name."""
     return {
@@ -72,4 +89,4 @@ def load_meta(name: str) -> dict[str, object]:
     return meta
 
 
-__all__ = ["DATA", "TensorProto", "load_meta", "load_refs", "mlp", "weights"]
+__all__ = ["DATA", "TensorProto", "load_meta", "load_refs", "mlp", "run_all", "session", "weights"]
