@@ -9,7 +9,7 @@ rounding.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import onnx_ir as ir
 
@@ -26,11 +26,14 @@ class StepScalars:
         lr: The learning rate, a DOUBLE scalar.
         t: The 1-based number of this update (``step + 1``), a DOUBLE scalar.
         first: True at the first update (``step == 0``), a BOOL scalar.
+        shared: Per-step scalars already built, by key, so that the parameters of one step
+            share one copy (a bias correction is the same for every parameter of a dtype).
     """
 
     lr: ir.Value
     t: ir.Value
     first: ir.Value
+    shared: dict[tuple[object, ...], ir.Value] = field(default_factory=dict)
 
 
 def _check_nonnegative(what: str, **values: float) -> None:
@@ -86,8 +89,10 @@ class SGD:
             buf = b.op("Where", s.first, g, running)
             new_state["momentum_buffer"] = buf
             g = b.op("Add", g, b.op("Mul", buf, mu)) if self.nesterov else buf
-        lr = b.op("Cast", s.lr, to=dtype)
-        return b.op("Sub", p, b.op("Mul", g, lr)), new_state
+        key = ("lr", dtype)
+        if key not in s.shared:
+            s.shared[key] = b.op("Cast", s.lr, to=dtype)
+        return b.op("Sub", p, b.op("Mul", g, s.shared[key])), new_state
 
 
 @dataclass(frozen=True)
@@ -123,12 +128,13 @@ class Adam:
         beta1, beta2 = self.betas
         if self.weight_decay != 0:
             if self.decoupled:
-                shrink = b.op(
-                    "Sub",
-                    b.const(1.0, ir.DataType.DOUBLE),
-                    b.op("Mul", s.lr, b.const(self.weight_decay, ir.DataType.DOUBLE)),
-                )
-                p = b.op("Mul", p, b.op("Cast", shrink, to=dtype))
+                key = ("shrink", self.weight_decay, dtype)
+                if key not in s.shared:
+                    double = ir.DataType.DOUBLE
+                    decay = b.op("Mul", s.lr, b.const(self.weight_decay, double))
+                    shrink = b.op("Sub", b.const(1.0, double), decay)
+                    s.shared[key] = b.op("Cast", shrink, to=dtype)
+                p = b.op("Mul", p, s.shared[key])
             else:
                 g = b.op("Add", g, b.op("Mul", p, b.const(self.weight_decay, dtype)))
         m, v = state["exp_avg"], state["exp_avg_sq"]
@@ -144,15 +150,25 @@ class Adam:
         if self.amsgrad:
             second = b.op("Max", state["max_exp_avg_sq"], v)
             new_state["max_exp_avg_sq"] = second
-        double = ir.DataType.DOUBLE
-        one = b.const(1.0, double)
-        correction1 = b.op("Sub", one, b.op("Pow", b.const(beta1, double), s.t))
-        correction2 = b.op("Sub", one, b.op("Pow", b.const(beta2, double), s.t))
-        step_size = b.op("Cast", b.op("Div", s.lr, correction1), to=dtype)
-        root2 = b.op("Cast", b.op("Sqrt", correction2), to=dtype)
+        step_size, root2 = self._corrections(b, s, dtype)
         denom = b.op("Add", b.op("Div", b.op("Sqrt", second), root2), b.const(self.eps, dtype))
         new_p = b.op("Sub", p, b.op("Mul", b.op("Div", m, denom), step_size))
         return new_p, new_state
+
+    def _corrections(
+        self, b: Builder, s: StepScalars, dtype: ir.DataType
+    ) -> tuple[ir.Value, ir.Value]:
+        """``lr / (1 - beta1^t)`` and ``sqrt(1 - beta2^t)`` in ``dtype``, built once per step."""
+        key = ("adam", self.betas, dtype)
+        if key not in s.shared:
+            beta1, beta2 = self.betas
+            double = ir.DataType.DOUBLE
+            one = b.const(1.0, double)
+            correction1 = b.op("Sub", one, b.op("Pow", b.const(beta1, double), s.t))
+            correction2 = b.op("Sub", one, b.op("Pow", b.const(beta2, double), s.t))
+            s.shared[key] = b.op("Cast", b.op("Div", s.lr, correction1), to=dtype)
+            s.shared[(*key, 2)] = b.op("Cast", b.op("Sqrt", correction2), to=dtype)
+        return s.shared[key], s.shared[(*key, 2)]
 
 
 @dataclass(frozen=True)
