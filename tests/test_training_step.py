@@ -132,6 +132,7 @@ def test_accumulation_of_two_halves_follows_torch_full_batch(name: str) -> None:
     )
     check_model_valid(micro)
     check_model_valid(apply)
+    assert {n.domain for m in (micro, apply) for n in m.graph.all_nodes()} == {""}
     micro_sess, apply_sess = session(micro), session(apply)
     micro_names = [o.name for o in micro_sess.get_outputs()]
     apply_names = [o.name for o in apply_sess.get_outputs()]

@@ -296,7 +296,10 @@ def _master_weight(b: Builder, half: ir.Value) -> ir.Value:
     master = ir.Value(name=name, type=ir.TensorType(ir.DataType.FLOAT), shape=half.shape)
     graph.inputs[position] = master
     cast = ir.node("Cast", [master], {"to": half.dtype})
-    graph.insert_before(graph[0], cast) if len(graph) else graph.append(cast)
+    if len(graph):
+        graph.insert_before(graph[0], cast)
+    else:
+        graph.append(cast)
     half.replace_all_uses_with(cast.outputs[0])
     cast.outputs[0].name = half.name
     cast.outputs[0].type, cast.outputs[0].shape = half.type, half.shape
