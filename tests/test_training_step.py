@@ -341,3 +341,25 @@ def test_helpers_refuse_an_inference_model() -> None:
         SelectionError, match=r"has shape \[5\] in the model, got an array of shape \[4\]"
     ):
         training.trained_model(reference_model(), {"fc1.bias": np.zeros(4)})
+
+
+def test_inactive_clipping_leaves_the_torch_trajectory() -> None:
+    """A norm bound far above the gradients' norm scales them by exactly 1 (the factor is
+    clamped), so the clipped step follows torch's unclipped Adam."""
+    case = next(c for c in CASES if c["name"] == "adam")
+    model = training.step(reference_model(), optimizer=optimizer_of(case), max_grad_norm=1e3)
+    sess = session(model)
+    names = [o.name for o in sess.get_outputs()]
+    state = training.initial_state(model)
+    for s in range(STEPS):
+        feeds = {"X": REFS["x"][s], "target": REFS["labels"][s], **state}
+        out = dict(zip(names, sess.run(None, feeds), strict=True))
+        state = {i: out[o] for i, o in training.carry(model)}
+        check_step(case, s, out["loss"], {p: state[p] for p in PARAMS})
+
+
+def test_deterministic() -> None:
+    source = reference_model()
+    first = ir.to_proto(training.step(source, optimizer=training.Adam(amsgrad=True)))
+    again = ir.to_proto(training.step(source, optimizer=training.Adam(amsgrad=True)))
+    assert first.SerializeToString() == again.SerializeToString()
