@@ -45,3 +45,40 @@ def test_vit_head_fine_tuning() -> None:
         state = {i: out[o] for i, o in training.carry(adamw)}
         losses.append(float(out["loss"]))
     assert losses[-1] < 0.8 * losses[0], losses
+
+
+def test_weights_in_a_side_file_are_saved_with_the_copy(tmp_path: Path) -> None:
+    """ir.load keeps the corpus weights in vit_tiny.weights, referenced relative to the source;
+    trained_model and train-step save their own side file, so the copies load anywhere."""
+    import argparse
+
+    import onnxruntime as ort
+
+    from onnax.training import cli
+
+    model = ir.load(REAL / "vit_tiny.dynamo.onnx")
+    with np.load(REAL / "vit_tiny.npz") as refs:
+        x = refs["input/pixel_values"]
+    head = model.graph.initializers["model.head.bias"].const_value
+    assert head is not None
+    bias = np.arange(head.shape[0], dtype=np.float32)
+    training.trained_model(model, {"model.head.bias": bias}, tmp_path / "t.onnx")
+    assert (tmp_path / "t.onnx.data").exists()
+    from_disk = ort.InferenceSession(str(tmp_path / "t.onnx"), providers=["CPUExecutionProvider"])
+    in_memory = ir.from_proto(onnx.load(str(REAL / "vit_tiny.dynamo.onnx")))
+    # The bias is added last: the logits move by the change of the bias.
+    want = run(in_memory, {"pixel_values": x})["y"] - head.numpy() + bias
+    np.testing.assert_allclose(
+        from_disk.run(None, {"pixel_values": x})[0], want, rtol=1e-5, atol=1e-6
+    )
+    parser = argparse.ArgumentParser()
+    cli.add_parser(parser.add_subparsers(dest="command"))
+    args = parser.parse_args(["train-step", str(REAL / "vit_tiny.dynamo.onnx"), str(tmp_path / "o"),
+                              "--output", "y", "--loss", "cross_entropy", "--params", "model.head.*"])  # fmt: skip
+    assert cli.run(args) == 0
+    sess = ort.InferenceSession(
+        str(tmp_path / "o" / "step.onnx"), providers=["CPUExecutionProvider"]
+    )
+    state = dict(np.load(tmp_path / "o" / "state.npz"))
+    loss = sess.run(["loss"], {"pixel_values": x, "target": np.array([1, 7]), **state})[0]
+    assert np.isfinite(loss)

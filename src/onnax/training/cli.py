@@ -19,7 +19,7 @@ import onnx_ir as ir
 from onnax.errors import OnnaxError
 from onnax.training.losses import LOSSES, add_loss
 from onnax.training.optimizers import SGD, Adam, AdamW, Optimizer
-from onnax.training.state import EXTERNAL_DATA_THRESHOLD, carry, initial_state, layout
+from onnax.training.state import carry, initial_state, layout, save
 from onnax.training.step import step
 
 __all__ = ["add_parser", "run", "summary"]
@@ -130,12 +130,8 @@ def run(args: argparse.Namespace) -> int:
         )
         args.out.mkdir(parents=True, exist_ok=True)
         state = initial_state(trainer)
-        total = sum(a.nbytes for a in state.values())
         path = args.out / "step.onnx"
-        if total > EXTERNAL_DATA_THRESHOLD:
-            ir.save(trainer, path, external_data="step.onnx.data")
-        else:
-            ir.save(trainer, path)
+        save(trainer, path)
         np.savez(args.out / "state.npz", **state)  # type: ignore[arg-type]
         (args.out / "README.md").write_text(summary(trainer, args.model.name))
     except (OnnaxError, ValueError, TypeError, OSError) as err:

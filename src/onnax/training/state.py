@@ -25,6 +25,7 @@ __all__ = [
     "carry",
     "initial_state",
     "layout",
+    "save",
     "trained_model",
 ]
 
@@ -88,6 +89,30 @@ def initial_state(model: ir.Model) -> dict[str, np.ndarray]:
     return state
 
 
+def save(
+    model: ir.Model,
+    path: str | os.PathLike[str],
+    external_data_threshold: int = EXTERNAL_DATA_THRESHOLD,
+) -> None:
+    """Saves ``model``, its weights in a side file ``<path name>.data`` when they are large.
+
+    The side file is also used when the model still reads weights from a source's side file:
+    those references are relative to the source, so a copy saved elsewhere needs its own.
+    """
+    tensors = [
+        v.const_value
+        for g in model.graphs()
+        for v in g.initializers.values()
+        if v.const_value is not None
+    ]
+    total = sum(t.nbytes for t in tensors)
+    outside = any(isinstance(t, ir.ExternalTensor) for t in tensors)
+    if total > external_data_threshold or outside:
+        ir.save(model, path, external_data=f"{os.path.basename(os.fspath(path))}.data")
+    else:
+        ir.save(model, path)
+
+
 def trained_model(
     model: ir.Model,
     params: Mapping[str, np.ndarray],
@@ -101,8 +126,9 @@ def trained_model(
         params: Parameter name -> trained array (a FLOAT master weight is cast back to the
             initializer's own type, FLOAT16 or BFLOAT16).
         path: Where to save the result, if anywhere.
-        external_data_threshold: When the initializers hold more bytes than this, ``path`` is
-            saved with its weights in a side file ``<path name>.data``.
+        external_data_threshold: When the initializers hold more bytes than this, or when the
+            source model keeps weights in a side file of its own, ``path`` is saved with its
+            weights in a side file ``<path name>.data`` next to it.
 
     Returns:
         The updated copy.
@@ -131,9 +157,5 @@ def trained_model(
         dtype = old.dtype
         value.const_value = ir.tensor(array.astype(dtype.numpy()), dtype=dtype, name=name)
     if path is not None:
-        total = sum(v.const_value.nbytes for v in inits.values() if v.const_value is not None)
-        if total > external_data_threshold:
-            ir.save(out, path, external_data=f"{os.path.basename(os.fspath(path))}.data")
-        else:
-            ir.save(out, path)
+        save(out, path, external_data_threshold)
     return out
