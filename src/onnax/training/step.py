@@ -174,7 +174,8 @@ def _apply_model(
         graph.inputs.append(p)
         init = micro.graph.initializers.get(str(t.value.name))
         if init is not None and init.const_value is not None:
-            p.const_value = init.const_value
+            # A tensor of its own: the two models must not share objects a pass may rename.
+            p.const_value = ir.tensor(init.const_value.numpy(), name=str(p.name))
             graph.register_initializer(p)
         total = ir.Value(name=b.fresh(sum_names[t.name]), type=t.grad.type, shape=t.value.shape)
         graph.inputs.append(total)
