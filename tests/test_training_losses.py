@@ -22,7 +22,7 @@ from training_models import load_meta, load_refs
 
 REFS = load_refs("losses")
 META = load_meta("losses")
-CASES: list[dict[str, Any]] = META["cases"]  # type: ignore[assignment]
+CASES: list[dict[str, Any]] = META["cases"]
 
 
 def identity(shape: list[int | str], dtype: str = "float") -> ir.Model:

@@ -21,15 +21,15 @@ from training_models import load_meta, load_refs, mlp, run_all, session
 
 REFS = load_refs("optimizers")
 META = load_meta("optimizers")
-CASES: list[dict[str, Any]] = META["cases"]  # type: ignore[assignment]
-STEPS: int = META["steps"]  # type: ignore[assignment]
+CASES: list[dict[str, Any]] = META["cases"]
+STEPS: int = META["steps"]
 PARAMS = ("fc1.weight", "fc1.bias", "fc2.weight", "fc2.bias")
 RTOL, ATOL = 2e-5, 2e-6
 
 
 def reference_model(kind: str = "cross_entropy") -> ir.Model:
     init = {k: REFS[f"init/{k}"] for k in PARAMS}
-    return training.add_loss(mlp(init=init), "Y", kind)  # type: ignore[arg-type]
+    return training.add_loss(mlp(init=init), "Y", kind)
 
 
 def optimizer_of(case: dict[str, Any]) -> training.Optimizer:
@@ -37,7 +37,7 @@ def optimizer_of(case: dict[str, Any]) -> training.Optimizer:
     if "betas" in args:
         args["betas"] = tuple(args["betas"])
     cls = {"SGD": training.SGD, "Adam": training.Adam, "AdamW": training.AdamW}[case["optimizer"]]
-    return cls(**args)  # type: ignore[no-any-return]
+    return cls(**args)
 
 
 def targets(case: dict[str, Any], s: int) -> np.ndarray:
@@ -156,7 +156,7 @@ def test_accumulation_of_two_halves_follows_torch_full_batch(name: str) -> None:
 
 def half_setup(dtype: type = np.float16) -> tuple[ir.Model, dict[str, np.ndarray]]:
     init = {k: REFS[f"init/{k}"].astype(dtype) for k in PARAMS}
-    model = training.add_loss(mlp(init=init, dtype=dtype), "Y", "mse")  # type: ignore[arg-type]
+    model = training.add_loss(mlp(init=init, dtype=dtype), "Y", "mse")
     x = REFS["x"][0].astype(dtype)
     return model, {"X": x, "target": REFS["values"][0]}
 
@@ -176,7 +176,7 @@ def test_half_parameters_train_as_float_master_weights() -> None:
     model32 = training.add_loss(
         mlp(init={k: state[k] for k in PARAMS}),
         "Y",
-        "mse",  # type: ignore[arg-type]
+        "mse",
     )
     step32 = training.step(model32, optimizer=training.SGD(lr=1e-4))
     ref = run_all(step32, {**wide, **training.initial_state(step32)})
@@ -200,7 +200,7 @@ def test_loss_scale_rescues_underflowing_fp16_gradients() -> None:
         st = training.step(model, params="fc2.*", optimizer=sgd, **kwargs)
         state = training.initial_state(st)
         out = run_all(st, {**feeds, "X": feeds["X"].astype(x_dtype), **state})
-        return out["fc2.weight.new"] - state["fc2.weight"]  # type: ignore[no-any-return]
+        return out["fc2.weight.new"] - state["fc2.weight"]
 
     half = mlp(init={k: v.astype(np.float16) for k, v in init.items()}, dtype=np.float16)
     half_loss = training.add_loss(half, "Y", "mse", weight="weight")
@@ -325,7 +325,7 @@ def test_bad_hyperparameters(make: Any, message: str) -> None:
 
 def test_bad_optimizer_and_clip() -> None:
     with pytest.raises(TypeError, match=r"optimizer is str, expected onnax.training.SGD"):
-        training.step(reference_model(), optimizer="adam")  # type: ignore[arg-type]
+        training.step(reference_model(), optimizer="adam")
     with pytest.raises(ValueError, match=r"max_grad_norm=0, expected a positive norm"):
         training.step(reference_model(), max_grad_norm=0)
 
