@@ -23,7 +23,6 @@ OVERSIZED: dict[str, str] = {
     "rules/conv.py": "to be split (rule-layer redesign)",
     "rules/linalg.py": "to be split (rule-layer redesign)",
     "rules/control_flow.py": "to be split (rule-layer redesign)",
-    "rules/zero.py": "to be split (rule-layer redesign)",
     "rules/reduce.py": "to be split (rule-layer redesign)",
     "cli.py": "to be split (rule-layer redesign)",
 }
@@ -43,7 +42,6 @@ OLD_FORM: set[str] = {
     "onnax.rules.losses",
     "onnax.rules.norm",
     "onnax.rules.pool",
-    "onnax.rules.quant",
     "onnax.rules.random",
     "onnax.rules.recurrent",
     "onnax.rules.reduce",
@@ -55,7 +53,6 @@ OLD_FORM: set[str] = {
     "onnax.rules.shape",
     "onnax.rules.spectral",
     "onnax.rules.unique",
-    "onnax.rules.zero",
 }
 
 

@@ -20,6 +20,7 @@ FAMILIES = (
     "shape",
     "gather",
     "scatter",
+    "logic",
     "zero",
     "random",
     "norm",
