@@ -51,7 +51,6 @@ OLD_FORM: set[str] = {
     "onnax.rules.scans",
     "onnax.rules.sequence",
     "onnax.rules.shape",
-    "onnax.rules.spectral",
     "onnax.rules.unique",
 }
 
