@@ -49,7 +49,6 @@ OLD_FORM: set[str] = {
     "onnax.rules.resize",
     "onnax.rules.roi",
     "onnax.rules.scans",
-    "onnax.rules.sequence",
     "onnax.rules.shape",
     "onnax.rules.unique",
 }
