@@ -50,7 +50,6 @@ OLD_FORM: set[str] = {
     "onnax.rules.roi",
     "onnax.rules.scans",
     "onnax.rules.shape",
-    "onnax.rules.unique",
 }
 
 
