@@ -16,7 +16,7 @@ from onnx import helper, numpy_helper
 import onnax
 from cases import Case, case_id, parametrize, run_case, run_vmap_case
 from oracles import check_adjoint, check_jvp, check_vjp, check_vmap
-from rules.test_indexing import vmap_params, vmapped_feeds
+from rules.test_gather import vmap_params, vmapped_feeds
 
 FLOAT = ("float",)
 OPSETS = (11, 13, 18, 22)

@@ -19,7 +19,7 @@ import pytest
 import onnax
 from cases import Case, case_id, parametrize, run_case, run_vmap_case
 from oracles import check_adjoint, check_jvp, check_vjp, check_vmap
-from rules.test_indexing import check_vmap_examples, check_vmap_variants, vmap_params, vmapped_feeds
+from rules.test_gather import check_vmap_examples, check_vmap_variants, vmap_params, vmapped_feeds
 
 MATMUL_OPSETS = (11, 13, 18, 21)
 EINSUM_OPSETS = (13, 18, 21)

@@ -17,7 +17,7 @@ import pytest
 import onnax
 from cases import Case, away_from_zero, case_id, distinct, parametrize, run_case, run_vmap_case
 from oracles import check_adjoint, check_jvp, check_vjp, check_vmap, session
-from rules.test_indexing import vmap_params, vmapped_feeds
+from rules.test_gather import vmap_params, vmapped_feeds
 
 FLOAT = ("float",)
 

@@ -1,3 +1,5 @@
+"""Shape queries, index-valued and quantized operators, OneHot (rules in onnax.rules.zero)."""
+
 import numpy as np
 import onnx
 import onnx_ir as ir
@@ -9,89 +11,16 @@ from onnax.core.emit import Emitter
 from onnax.core.registry import batch_rules, jvp_rules
 from onnax.errors import UnsupportedOperatorError
 from onnax.rules import collect
-from onnax.rules.zero import BROADCASTING_BATCH, VECTORIZED_BATCH, ZERO_SINCE
 from oracles import check_adjoint, check_jvp, check_model_valid, check_vjp, check_vmap, run
 from rules.test_elementwise import (
     check_vmap_examples,
     vmap_derivatives,
 )
-
-
-def off_integers(rng: np.random.Generator, shape: tuple[int, ...], dtype: np.dtype) -> np.ndarray:
-    """k + u with u in [0.15, 0.35]: away from the jumps of Floor/Ceil (integers) and Round (halves)."""
-    return (rng.integers(-3, 3, shape) + rng.uniform(0.15, 0.35, shape)).astype(dtype)
-
-
-def offset_distinct(offset: float):
-    def fill(rng: np.random.Generator, shape: tuple[int, ...], dtype: np.dtype) -> np.ndarray:
-        return (distinct(rng, shape, dtype) + offset).astype(dtype)
-
-    return fill
-
-
-def per_dtype(name: str, text: str, **kwargs: object) -> list[Case]:
-    """Cases whose text needs the ONNX type code of {T} (Cast's ``to``) as ``{TO}``."""
-    return [
-        Case(f"{name}_{dt}", text.replace("{TO}", str(code)), dtypes=(dt,), **kwargs)  # type: ignore[arg-type]
-        for dt, code in (("float", 1), ("double", 11))
-    ]
-
+from rules.test_logic import per_dtype
 
 OPSETS = (11, 13, 18, 21)
 
 CASES = [
-    # Derivatives flow past the rounding family (a zero tangent through the rounded factor).
-    Case(
-        "floor_product",
-        "g ({T}[N, 3] X) => ({T}[N, 3] Y) { f = Floor(X)\n Y = Mul(X, f) }",
-        fill={"X": off_integers},
-        opsets=OPSETS,
-    ),
-    Case(
-        "ceil_round",
-        "g ({T}[N, 3] X) => ({T}[N, 3] Y) { c = Ceil(X)\n r = Round(X)\n p = Mul(X, c)\n Y = Add(p, r) }",
-        fill={"X": off_integers},
-        opsets=OPSETS,
-    ),
-    Case(
-        "sign_abs",
-        "g ({T}[N, 3] X) => ({T}[N, 3] Y) { s = Sign(X)\n Y = Mul(X, s) }",
-        fill={"X": away_from_zero},
-        opsets=OPSETS,
-    ),
-    # A float output of a zero-derivative operator gets a materialised zero tangent.
-    Case(
-        "floor_output",
-        "g ({T}[N, 3] X) => ({T}[N, 3] Y, {T}[N, 3] Z) { Y = Floor(X)\n Z = Sign(X) }",
-        fill={"X": off_integers},
-        opsets=(11, 21),
-    ),
-    *per_dtype(
-        "cast_floor",
-        "g ({T}[N, 3] X) => ({T}[N, 3] Y) { f = Floor(X)\n i = Cast <to = 7> (f)\n c = Cast <to = {TO}> (i)\n Y = Mul(X, c) }",
-        fill={"X": off_integers},
-        opsets=OPSETS,
-    ),
-    # Comparisons and logic steer a Where.
-    Case(
-        "compare_where",
-        "g ({T}[N, 3] X, {T}[3] Z) => ({T}[N, 3] Y) { g = Greater(X, Z)\n l = Less(X, Z)\n e = Equal(X, Z)\n"
-        " o = Or(g, e)\n x = Xor(o, l)\n n = Not(x)\n a = And(g, x)\n m = Mul(Z, Z)\n w = Where(a, X, m)\n Y = Where(n, Z, w) }",
-        fill={"X": distinct, "Z": offset_distinct(0.1)},
-        opsets=OPSETS,
-    ),
-    Case(
-        "compare_or_equal",
-        "g ({T}[N, 3] X, {T}[3] Z) => ({T}[N, 3] Y) { g = GreaterOrEqual(X, Z)\n l = LessOrEqual(X, Z)\n"
-        " m = Mul(X, X)\n w = Where(g, X, m)\n Y = Where(l, Z, w) }",
-        fill={"X": distinct, "Z": offset_distinct(0.1)},
-        opsets=(13, 18, 21),
-    ),
-    Case(
-        "isnan_isinf",
-        "g ({T}[N, 3] X, {T}[3] Z) => ({T}[N, 3] Y) { a = IsNaN(X)\n b = IsInf(X)\n c = Or(a, b)\n Y = Where(c, Z, X) }",
-        opsets=OPSETS,
-    ),
     Case(
         "shape_size_expand",
         "g ({T}[N, 3] X, {T}[1, 3] Z) => ({T}[N, 3] Y) { s = Shape(X)\n e = Expand(Z, s)\n Y = Mul(X, e) }",
@@ -135,16 +64,6 @@ CASES = [
         opsets=(11, 13, 21),
         dtypes=("float",),
     ),
-    # onnxruntime's QuantizeLinear takes float32 only.
-    Case(
-        "quantize_only",
-        "g ({T}[N, 3] X, {T}[N, 3] W) => ({T}[N, 3] Y) { s = Constant <value = float {0.5}> ()\n"
-        " z = Constant <value = uint8 {128}> ()\n q = QuantizeLinear(X, s, z)\n c = CastLike(q, W)\n Y = Mul(W, c) }",
-        # Multiples of the scale: in the middle of a rounding step, far from its jumps.
-        fill={"X": lambda rng, s, dt: (rng.integers(-20, 20, s) * 0.5).astype(dt)},
-        opsets=(15, 21),
-        dtypes=("float",),
-    ),
     # OneHot is linear in its values (onnxruntime's OneHot has no double values kernel).
     Case(
         # A run-time depth: the one-hot axis is symbolic and unbroadcast needs opset 13.
@@ -177,14 +96,50 @@ def test_rule(case: Case, dtype: str, opset: int) -> None:
     run_case(case, dtype, opset)
 
 
+# The operators with a zero derivative (rules in onnax.rules.zero, .logic and .quant); the first
+# two groups broadcast under vmap, or apply as they are.
+BROADCASTING_BATCH = (
+    "Equal",
+    "Less",
+    "Greater",
+    "LessOrEqual",
+    "GreaterOrEqual",
+    "And",
+    "Or",
+    "Xor",
+    "BitShift",
+    "BitwiseAnd",
+    "BitwiseOr",
+    "BitwiseXor",
+)
+VECTORIZED_BATCH = ("Not", "BitwiseNot", "Sign", "Floor", "Ceil", "Round", "IsNaN", "IsInf")
+ZERO = (
+    *BROADCASTING_BATCH,
+    *VECTORIZED_BATCH,
+    "Shape",
+    "Size",
+    "ArgMax",
+    "ArgMin",
+    "NonZero",
+    "NonMaxSuppression",
+    "QuantizeLinear",
+    "Hardmax",
+    "EyeLike",
+)
+
+
+def _schema_versions(op: str) -> list[int]:
+    history = onnx.defs.get_all_schemas_with_history()
+    return sorted(s.since_version for s in history if s.name == op and s.domain == "")
+
+
 def test_zero_rules_registered_at_earliest_since_version() -> None:
     collect()
-    history = onnx.defs.get_all_schemas_with_history()
-    for op, version in ZERO_SINCE.items():
-        versions = [s.since_version for s in history if s.name == op and s.domain == ""]
-        assert version == min(versions), (op, version, sorted(versions))
+    for op in ZERO:
+        versions = _schema_versions(op)
+        assert jvp_rules.oldest_version("", op) == versions[0], (op, versions)
         for opset in range(11, onnx.defs.onnx_opset_version() + 1):
-            if opset >= version:
+            if opset >= versions[0]:
                 assert jvp_rules.lookup("", op, opset) is not None, (op, opset)
 
 
@@ -237,9 +192,6 @@ def test_vmap(case: Case, dtype: str, opset: int) -> None:
 @pytest.mark.parametrize(
     ("name", "dtype", "opset"),
     [
-        ("compare_where", "double", 13),
-        ("floor_product", "float", 18),
-        ("isnan_isinf", "double", 21),
         ("onehot_values_const_depth", "float", 13),
         ("argmax_only_double", "double", 11),
     ],
@@ -250,16 +202,11 @@ def test_vmap_of_derivatives(name: str, dtype: str, opset: int) -> None:
 
 def test_batch_rules_registered_at_every_since_version() -> None:
     collect()
-    history = onnx.defs.get_all_schemas_with_history()
-    ops = [*BROADCASTING_BATCH, *VECTORIZED_BATCH, *ZERO_SINCE, "OneHot"]
-    for op in ops:
-        versions = sorted(s.since_version for s in history if s.name == op and s.domain == "")
+    for op in (*ZERO, "OneHot"):
+        versions = _schema_versions(op)
+        assert batch_rules.oldest_version("", op) == versions[0], (op, versions)
         for v in versions:
             assert batch_rules.lookup("", op, v) is not None, (op, v)
-        if op in BROADCASTING_BATCH:
-            assert tuple(versions) == BROADCASTING_BATCH[op], op
-        if op in VECTORIZED_BATCH:
-            assert tuple(versions) == VECTORIZED_BATCH[op], op
 
 
 SHAPE_ATTRS = ["", "<start = 1>", "<start = -2>", "<start = -9>", "<end = -1>", "<end = 9>"]
@@ -354,89 +301,6 @@ def test_hardmax_axis(opset: int, axis: int) -> None:
     check_vmap_examples(model, examples, {"X": 1})
 
 
-QUANT_X = (np.random.default_rng(3).integers(-20, 20, (4, 6)) * 0.5).astype(np.float32)
-
-
-@pytest.mark.parametrize(
-    ("opset", "signature", "attrs", "feeds", "in_axes"),
-    [
-        # Shared per-tensor parameters.
-        (11, "float S, uint8 Z", "", {"S": 0.5, "Z": 128}, {"X": 1}),
-        # Shared per-axis parameters: the axis moves past the batch axis.
-        (13, "float[6] S, uint8[6] Z", "<axis = 1>", {"S": 0.5, "Z": 128}, {"X": 0}),
-        (21, "float[4] S, int8[4] Z", "<axis = -2>", {"S": 0.25, "Z": 3}, {"X": 1}),
-        (19, "float[6] S", "<axis = 1>", {"S": 0.5}, {"X": 0}),
-        # Shared blocked parameters: broadcast along the batch axis too.
-        (
-            21,
-            "float[4, 3] S, uint8[4, 3] Z",
-            "<axis = 1, block_size = 2>",
-            {"S": 0.5, "Z": 128},
-            {"X": 0},
-        ),
-        # Batched per-tensor parameters: a per-axis quantization along the batch axis.
-        (13, "float S, uint8 Z", "", {"S": 0.5, "Z": 128}, {"X": 0, "S": 0}),
-        (21, "float S, uint8 Z", "", {"S": 0.5, "Z": 128}, {"S": 0, "Z": 0}),
-        (21, "float S, int8 Z", "<axis = 1>", {"S": 0.5, "Z": -3}, {"X": 1, "Z": 0}),
-        (19, "float S", "", {"S": 0.5}, {"S": 0}),
-        # Before opset 13 (no per-axis form): the definition written out, exact as onnxruntime.
-        (11, "float S, uint8 Z", "", {"S": 0.5, "Z": 128}, {"X": 0, "S": 0}),
-        (12, "float S, int8 Z", "", {"S": 0.5, "Z": -3}, {"S": 0, "Z": 0}),
-        (11, "float S", "", {"S": 0.5}, {"X": 1, "S": 0}),
-    ],
-)
-def test_quantize_linear(
-    opset: int, signature: str, attrs: str, feeds: dict[str, float], in_axes: dict[str, int]
-) -> None:
-    model = model_at(
-        opset,
-        f"g (float[4, 6] X, {signature}) => (Y) {{ Y = QuantizeLinear {attrs} (X, {', '.join(feeds)}) }}",
-    )
-    values = {}
-    for v in model.graph.inputs[1:]:
-        shape = tuple(d for d in v.shape.dims)
-        values[v.name] = np.full(shape, feeds[v.name], dtype=v.dtype.numpy())
-    # Per-example parameters and inputs; scales that keep x / scale off the rounding ties.
-    examples = [
-        {
-            "X": QUANT_X + k * 0.1,
-            **{n: (a * (1 + k) if n == "S" else a + k) for n, a in values.items()},
-        }
-        for k in range(3)
-    ]
-    examples = [
-        {
-            n: np.asarray(a).astype(values[n].dtype if n in values else np.float32)
-            for n, a in ex.items()
-        }
-        for ex in examples
-    ]
-    check_vmap_examples(model, examples, in_axes)
-
-
-@pytest.mark.parametrize(("opset", "zp_type"), [(11, "uint8"), (12, "int8")])
-def test_quantize_linear_written_out_rounds_and_saturates_like_onnxruntime(
-    opset: int, zp_type: str
-) -> None:
-    # Exact halves (round half to even: -1.5 -> -2, 0.5 -> 0, 2.5 -> 2) and values past the
-    # integer range on both sides, with a scale and zero point per example.
-    model = model_at(
-        opset,
-        f"g (float[8] X, float S, {zp_type} Z) => (Y) {{ Y = QuantizeLinear (X, S, Z) }}",
-    )
-    x = np.array([-3.0, -1.0, 1.0, 3.0, 5.0, 700.0, -700.0, 0.0], np.float32)
-    zp = np.dtype(zp_type)
-    examples = [
-        {"X": x * m, "S": np.array(s, np.float32), "Z": np.array(z, zp)}
-        for m, s, z in (
-            (1.0, 2.0, 3),
-            (0.5, 1.0, 0),
-            (2.0, 4.0, 100 if zp_type == "uint8" else -100),
-        )
-    ]
-    check_vmap_examples(model, examples, {"X": 0, "S": 0, "Z": 0})
-
-
 @pytest.mark.parametrize(
     ("opset", "axis", "in_axes"),
     [
@@ -505,50 +369,6 @@ def test_eyelike_is_shared(opset: int, shape: str, attrs: str) -> None:
     assert eye.inputs[0] is not None and not eye.inputs[0].is_graph_input()
 
 
-@pytest.mark.parametrize(
-    ("opset", "text"),
-    [
-        (
-            18,
-            "g (int32[N, 3] A, int32[3] B) => (int32[N, 3] Y) { a = BitwiseAnd(A, B)\n"
-            " o = BitwiseOr(a, B)\n x = BitwiseXor(o, A)\n Y = BitwiseNot(x) }",
-        ),
-        (
-            11,
-            'g (uint32[N, 3] A, uint32[3] B) => (uint32[N, 3] Y) { Y = BitShift <direction = "LEFT"> (A, B) }',
-        ),
-        (
-            21,
-            'g (uint8[N, 3] A, uint8[N, 1] B) => (uint8[N, 3] Y) { Y = BitShift <direction = "RIGHT"> (A, B) }',
-        ),
-        (
-            13,
-            "g (int64[N, 3] A, int64[3] B) => (bool[N, 3] Y) { e = Equal(A, B)\n l = Less(A, B)\n"
-            " g = Greater(A, B)\n o = Or(e, l)\n x = Xor(o, g)\n n = Not(x)\n Y = And(n, e) }",
-        ),
-        (
-            16,
-            "g (int32[N, 3] A, int32[3] B) => (bool[N, 3] Y, bool[N, 3] Z) { Y = LessOrEqual(A, B)\n Z = GreaterOrEqual(A, B) }",
-        ),
-    ],
-)
-def test_integer_and_boolean_operators(opset: int, text: str) -> None:
-    # Integer operands differ per example (check_vmap would batch identical copies).
-    model = model_at(opset, text)
-    rng = np.random.default_rng(8)
-    a_type = model.graph.inputs[0].dtype.numpy()
-    b_shape = tuple(d if isinstance(d, int) else 2 for d in model.graph.inputs[1].shape.dims)
-    examples = [
-        {
-            "A": rng.integers(0, 6, (2, 3)).astype(a_type),
-            "B": rng.integers(0, 6, b_shape).astype(a_type),
-        }
-        for _ in range(3)
-    ]
-    for in_axes in ({"A": 0, "B": 0}, {"A": 1}, {"B": 0}, {"A": 2, "B": 1}):
-        check_vmap_examples(model, examples, in_axes)
-
-
 # --------------------------------------------------------------------------- vmap refusals
 @pytest.mark.parametrize("in_axes", [0, 1])
 def test_vmap_refuses_ragged_outputs(in_axes: int) -> None:
@@ -585,36 +405,6 @@ def test_vmap_refuses_batched_onehot_depth(in_axes: dict[str, int]) -> None:
     assert msg.startswith("vmap: ai.onnx::OneHot at opset 13 (the node producing 'h')")
     assert "depth from input 1 'D'" in msg and "different shapes" in msg
     assert "Remedy" in msg and "constant" in msg and "in_axes None" in msg
-
-
-@pytest.mark.parametrize(
-    ("opset", "signature", "attrs", "in_axes", "why"),
-    [
-        (13, "float[6] S, uint8[6] Z", "<axis = 1>", {"X": 0, "S": 0}, "per-axis or blocked"),
-        (21, "float[6] S, uint8[6] Z", "<axis = 1>", {"Z": 1}, "per-axis or blocked"),
-        (
-            21,
-            "float[4, 3] S, uint8[4, 3] Z",
-            "<axis = 1, block_size = 2>",
-            {"S": 0},
-            "per-axis or blocked",
-        ),
-    ],
-)
-def test_vmap_refuses_batched_quantization_parameters(
-    opset: int, signature: str, attrs: str, in_axes: dict[str, int], why: str
-) -> None:
-    model = model_at(
-        opset,
-        f"g (float[4, 6] X, {signature}) => (Y) {{ Y = QuantizeLinear {attrs} (X, S, Z) }}",
-    )
-    with pytest.raises(UnsupportedOperatorError) as err:
-        onnax.vmap(model, in_axes=in_axes)
-    msg = str(err.value)
-    name = "S" if "S" in in_axes else "Z"
-    assert f"ai.onnx::QuantizeLinear at opset {opset} (the node producing 'Y')" in msg
-    assert f"(input {1 if name == 'S' else 2} '{name}')" in msg and why in msg
-    assert "Remedy" in msg and "in_axes None" in msg
 
 
 @pytest.mark.parametrize(

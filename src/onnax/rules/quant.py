@@ -1,4 +1,6 @@
-"""DequantizeLinear: the derivative with respect to the scale, and batching.
+"""Quantization: DequantizeLinear and QuantizeLinear.
+
+**DequantizeLinear**: the derivative with respect to the scale, and batching.
 
 ``y = (x - zero_point) * scale`` (cast to ``output_dtype`` from opset 23) with ``x`` and
 ``zero_point`` integer (or 8-bit float) tensors: only the scale can carry a derivative. ``y`` is
@@ -14,13 +16,15 @@ each scale entry multiplies, per layout:
 
 The coefficient ``x - zero_point`` is the operator itself with a scale of ones.
 
-QuantizeLinear's output is an integer (or 8-bit float) tensor, which carries no derivative: its
-(zero) rules live in :mod:`onnax.rules.zero`.
-
 Batch rules: with only ``x`` batched, the operator applies with its axis shifted past the batch
 axis (a per-tensor scale applies as it is). A batched per-tensor or per-axis scale or zero point
 is spelled out (``Cast`` to the scale's type, ``Sub``, ``Mul`` by the scale aligned to its axis).
 Blocked layouts batch every operand (the scale has the rank of ``x``) and shift the axis.
+
+**QuantizeLinear**'s output is an integer (or 8-bit float) tensor, which carries no derivative
+(a zero rule). Under vmap its quantization axis shifts past the batch axis; per-example
+parameters are a per-axis quantization along the batch axis itself (opset 13 on), or written out
+(``Round``, ``Clip``, ``Cast``) for a per-tensor scale at opsets 11 and 12.
 """
 
 from __future__ import annotations
@@ -28,22 +32,19 @@ from __future__ import annotations
 import math
 from collections.abc import Sequence
 
+import numpy as np
 import onnx_ir as ir
 
-from onnax.core.batching import Batcher
+from onnax.core.batching import Batcher, shift_axes
 from onnax.core.diagnostics import node_label, op_label
 from onnax.core.emit import Emitter, InternalRuleError
-from onnax.core.registry import batch_rules, jvp_rules, transpose_rules
+from onnax.core.registry import Args, BatchResult, OpRules, Tangents
 from onnax.errors import UnsupportedOperatorError
-from onnax.rules._patterns import attributes_of
-
-Tangents = Sequence[ir.Value | None]
-Args = Sequence[ir.Value | None]
-BatchResult = tuple[list[ir.Value | None], list[bool]]
-
-_VERSIONS = (10, 13, 19, 21, 23, 24, 25, 28)
+from onnax.rules._patterns import attributes_of, original_input
+from onnax.rules.zero import optional_arg, original_name, required_arg
 
 
+# ------------------------------------------------------------------------ DequantizeLinear
 def _layout(node: ir.Node, opset: int) -> str:
     """``"tensor"``, ``"axis"`` or ``"block"``."""
     scale = node.inputs[1]
@@ -82,6 +83,10 @@ def _axis(node: ir.Node, rank: int) -> int:
     return axis + rank if axis < 0 else axis
 
 
+dequantize_linear = OpRules("DequantizeLinear", since=10)
+
+
+@dequantize_linear.jvp
 def _dequantize_jvp(em: Emitter, node: ir.Node, tangents: Tangents) -> list[ir.Value | None]:
     t = tangents[1] if len(tangents) > 1 else None
     if t is None:
@@ -89,6 +94,7 @@ def _dequantize_jvp(em: Emitter, node: ir.Node, tangents: Tangents) -> list[ir.V
     return [em.op("DequantizeLinear", [node.inputs[0], t, *node.inputs[2:]], attributes_of(node))]
 
 
+@dequantize_linear.transpose
 def _dequantize_transpose(
     em: Emitter, node: ir.Node, cts: Tangents, linear: Sequence[bool]
 ) -> list[ir.Value | None]:
@@ -137,7 +143,7 @@ def _block_sum(em: Emitter, node: ir.Node, weighted: ir.Value, rank: int) -> ir.
     return em.reduce_sum(grouped, [axis + 1], keepdims=False)
 
 
-# -------------------------------------------------------------------------------- vmap
+@dequantize_linear.batch
 def _dequantize_batch(
     bx: Batcher, node: ir.Node, args: Args, batched: Sequence[bool]
 ) -> BatchResult:
@@ -199,7 +205,92 @@ def _spelled_out(
     return y
 
 
-for _v in _VERSIONS:
-    jvp_rules.add("DequantizeLinear", _dequantize_jvp, since_version=_v)
-    transpose_rules.add("DequantizeLinear", _dequantize_transpose, since_version=_v)
-    batch_rules.add("DequantizeLinear", _dequantize_batch, since_version=_v)
+# --------------------------------------------------------------------------- QuantizeLinear
+# Its output is an integer (or 8-bit float) tensor.
+quantize_linear = OpRules("QuantizeLinear", since=10)
+quantize_linear.zero()
+
+
+@quantize_linear.batch
+def _quantize_batch(bx: Batcher, node: ir.Node, args: Args, batched: Sequence[bool]) -> BatchResult:
+    """QuantizeLinear with its quantization axis shifted past the batch axis.
+
+    Shared parameters: a per-tensor (scalar) scale applies as is, a per-axis (1-D) one along the
+    shifted axis, a blocked one (same rank as x) is broadcast along the batch first. Batched
+    parameters are only expressible for a per-tensor scale (opset >= 13): one scale per example is
+    a per-axis quantization along the batch axis itself.
+    """
+    x, scale, zero_point = required_arg(args, 0), required_arg(args, 1), optional_arg(args, 2)
+    x_orig, scale_orig = original_input(node, 0), original_input(node, 1)
+    zp_orig = node.inputs[2] if len(node.inputs) > 2 else None
+    rank, scale_rank = bx.rank(x_orig), bx.rank(scale_orig)
+    zp_batched = zero_point is not None and batched[2]
+    block_size = node.attributes.get_int("block_size", 0)
+    axis = node.attributes.get_int("axis", 1)
+    if not batched[1] and not zp_batched:
+        if scale_rank == 0 or not -rank <= axis < rank:
+            # Per-tensor: the axis is ignored (and valid for the batched rank if it was before).
+            return [bx.op("QuantizeLinear", list(args), attributes_of(node))], [True]
+        attrs = attributes_of(node, axis=shift_axes([axis], rank)[0])
+        if block_size > 0:
+            # Blocked: the scale has x's rank; give it (and the zero point) the batch axis too.
+            scale = bx.materialize(scale, False, scale_orig)
+            if zero_point is not None and zp_orig is not None:
+                zero_point = bx.materialize(zero_point, False, zp_orig)
+        inputs = [x, scale] if zero_point is None else [x, scale, zero_point]
+        return [bx.op("QuantizeLinear", inputs, attrs)], [True]
+    per_tensor = scale_rank == 0 and (zp_orig is None or bx.rank(zp_orig) == 0)
+    if bx.opset < 13 and bx.opset >= 11 and per_tensor:
+        return [_quantize_explicit(bx, node, args, batched)], [True]
+    if not per_tensor or block_size > 0 or bx.opset < 13:
+        index = 1 if batched[1] else 2
+        name = original_name(node, index)
+        why = (
+            "at opset 10 QuantizeLinear has no axis attribute and ONNX no Round"
+            if bx.opset < 11
+            else "the quantization parameters are per-axis or blocked"
+        )
+        raise UnsupportedOperatorError(
+            f"vmap: {op_label(node)} at opset {bx.opset} ({node_label(node)}) gets a batched "
+            f"quantization parameter (input {index} {name!r}): each example would quantize "
+            f"with its own parameters, which needs a per-axis quantization along the batch axis, "
+            f"but {why}. Remedy: give the inputs {name!r} is computed from in_axes None "
+            "(share the quantization parameters), or use a scalar scale and zero point at "
+            "opset >= 11."
+        )
+    x = bx.materialize(x, batched[0], x_orig)
+    scale = bx.materialize(scale, batched[1], scale_orig)
+    inputs = [x, scale]
+    if zero_point is not None and zp_orig is not None:
+        inputs.append(bx.materialize(zero_point, batched[2], zp_orig))
+    # One scale per example: per-axis quantization along axis 0, the batch axis.
+    return [bx.op("QuantizeLinear", inputs, attributes_of(node, axis=0))], [True]
+
+
+def _quantize_explicit(bx: Batcher, node: ir.Node, args: Args, batched: Sequence[bool]) -> ir.Value:
+    """Per-tensor QuantizeLinear-10 with per-example parameters, written out.
+
+    Before opset 13 there is no per-axis form to carry one scale per example, so the
+    definition is computed directly: ``y = saturate(round(x / scale) + zero_point)``, rounding
+    half to even, in float32 (x is float32 or int32, the scale float32, the zero point uint8 or
+    int8, as the opset-10 schema allows). Division (not a reciprocal), round-half-to-even and
+    saturation to the integer range are what onnxruntime's kernel does, so the results agree
+    exactly; the zero point and the rounded quotient are small integers, exact in float32.
+    """
+    x, scale, zero_point = required_arg(args, 0), required_arg(args, 1), optional_arg(args, 2)
+    x_orig, scale_orig = original_input(node, 0), original_input(node, 1)
+    zp_orig = node.inputs[2] if len(node.inputs) > 2 else None
+    rank = bx.rank(x_orig)
+    x = bx.materialize(x, batched[0], x_orig)
+    if x_orig.dtype != ir.DataType.FLOAT:
+        x = bx.op("Cast", [x], {"to": ir.DataType.FLOAT})
+    scale = bx.align(scale, batched[1], scale_orig, rank)
+    q = bx.op("Round", [bx.op("Div", [x, scale])])
+    out_type = ir.DataType.UINT8
+    if zero_point is not None and zp_orig is not None:
+        out_type = zp_orig.dtype or out_type
+        zp = bx.align(zero_point, batched[2], zp_orig, rank)
+        q = bx.op("Add", [q, bx.op("Cast", [zp], {"to": ir.DataType.FLOAT})])
+    info = np.iinfo(out_type.numpy())
+    low, high = bx.scalar(info.min, ir.DataType.FLOAT), bx.scalar(info.max, ir.DataType.FLOAT)
+    return bx.op("Cast", [bx.op("Clip", [q, low, high])], {"to": out_type})

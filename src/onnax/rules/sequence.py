@@ -29,14 +29,11 @@ import onnx_ir as ir
 
 from onnax.core.batching import Batcher, refuse_batched
 from onnax.core.diagnostics import node_label, op_label
-from onnax.core.registry import batch_rules
+from onnax.core.registry import Args, BatchResult, OpRules
 from onnax.errors import UnsupportedOperatorError
 from onnax.rules._patterns import attributes_of, batch_data, original_input
 
 __all__ = ["element_shapes"]
-
-Args = Sequence[ir.Value | None]
-BatchResult = tuple[list[ir.Value | None], list[bool]]
 
 _POSITION = (
     "each example would pick, insert or erase a different element, so the examples' "
@@ -72,21 +69,30 @@ def _shifted_axis(bx: Batcher, node: ir.Node, axis: int, rank_of: ir.Value, extr
 
 
 # ------------------------------------------------------------------ construct, insert, at
-@batch_rules.register("SequenceConstruct", since_version=11)
+sequence_construct = OpRules("SequenceConstruct", since=11)
+
+
+@sequence_construct.batch
 def _construct_batch(
     bx: Batcher, node: ir.Node, args: Args, batched: Sequence[bool]
 ) -> BatchResult:
     return [bx.op("SequenceConstruct", _materialized(bx, node, args, batched))], [True]
 
 
-@batch_rules.register("SequenceInsert", since_version=11)
+sequence_insert = OpRules("SequenceInsert", since=11)
+
+
+@sequence_insert.batch
 def _insert_batch(bx: Batcher, node: ir.Node, args: Args, batched: Sequence[bool]) -> BatchResult:
     refuse_batched(bx, node, args, batched, {2: "position"}, _POSITION)
     seq, tensor = _materialized(bx, node, args[:2], batched[:2])
     return [bx.op("SequenceInsert", [seq, tensor, *args[2:]])], [True]
 
 
-@batch_rules.register("SequenceAt", since_version=11)
+sequence_at = OpRules("SequenceAt", since=11)
+
+
+@sequence_at.batch
 def _at_batch(bx: Batcher, node: ir.Node, args: Args, batched: Sequence[bool]) -> BatchResult:
     refuse_batched(bx, node, args, batched, {1: "position"}, _POSITION)
     return [bx.op("SequenceAt", list(args))], [True]
@@ -109,19 +115,30 @@ def element_shapes(model: ir.Model) -> None:
         element.shape = ir.Shape(dims)
 
 
-@batch_rules.register("SequenceErase", since_version=11)
+sequence_erase = OpRules("SequenceErase", since=11)
+
+
+@sequence_erase.batch
 def _erase_batch(bx: Batcher, node: ir.Node, args: Args, batched: Sequence[bool]) -> BatchResult:
     refuse_batched(bx, node, args, batched, {1: "position"}, _POSITION)
     return [bx.op("SequenceErase", list(args))], [True]
 
 
-@batch_rules.register("SequenceLength", since_version=11)
+sequence_length = OpRules("SequenceLength", since=11)
+
+
+@sequence_length.batch
 def _length_batch(bx: Batcher, node: ir.Node, args: Args, batched: Sequence[bool]) -> BatchResult:
     # Every example's sequence has the batched sequence's length: the result is shared.
     return [bx.op("SequenceLength", [batch_data(args)])], [False]
 
 
 # ------------------------------------------------------------------ split, concat
+# Opset 24 only widens the element types.
+split_to_sequence = OpRules("SplitToSequence", since=11)
+
+
+@split_to_sequence.batch
 def _split_to_sequence_batch(
     bx: Batcher, node: ir.Node, args: Args, batched: Sequence[bool]
 ) -> BatchResult:
@@ -133,12 +150,10 @@ def _split_to_sequence_batch(
     return [bx.op("SplitToSequence", list(args), attrs)], [True]
 
 
-# Opset 24 only widens the element types.
-batch_rules.register("SplitToSequence", since_version=11)(_split_to_sequence_batch)
-batch_rules.register("SplitToSequence", since_version=24)(_split_to_sequence_batch)
+concat_from_sequence = OpRules("ConcatFromSequence", since=11)
 
 
-@batch_rules.register("ConcatFromSequence", since_version=11)
+@concat_from_sequence.batch
 def _concat_from_sequence_batch(
     bx: Batcher, node: ir.Node, args: Args, batched: Sequence[bool]
 ) -> BatchResult:
@@ -159,7 +174,10 @@ def _concat_from_sequence_batch(
 
 
 # ------------------------------------------------------------------ SequenceMap
-@batch_rules.register("SequenceMap", since_version=17)
+sequence_map = OpRules("SequenceMap", since=17)
+
+
+@sequence_map.batch
 def _sequence_map_batch(
     bx: Batcher, node: ir.Node, args: Args, batched: Sequence[bool]
 ) -> BatchResult:

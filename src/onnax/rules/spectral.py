@@ -40,13 +40,10 @@ from onnax.core.attrs import const_ints
 from onnax.core.batching import Batcher, refuse_batched
 from onnax.core.diagnostics import node_label, op_label
 from onnax.core.emit import Emitter, InternalRuleError
-from onnax.core.registry import batch_rules, jvp_rules, transpose_rules
+from onnax.core.registry import Args, BatchResult, OpRules, Tangents
 from onnax.errors import UnsupportedOperatorError
 from onnax.rules._patterns import attributes_of
 
-Tangents = Sequence[ir.Value | None]
-Args = Sequence[ir.Value | None]
-BatchResult = tuple[list[ir.Value | None], list[bool]]
 Length = int | ir.Value
 """A length known statically (int) or at run time (a 1-D int64 value of one element)."""
 Axis = int | ir.Value
@@ -236,11 +233,17 @@ def forward_dft(
 
 
 # ---------------------------------------------------------------------------------- DFT
+# One rule set serves both versions: the rules read the axis from the attribute (17) or the
+# input (20) at the model's opset.
+dft = OpRules("DFT", since=17)
+
+
 def _is_irfft(node: ir.Node) -> bool:
     """``inverse=1, onesided=1``: one-sided complex spectrum in, real signal out."""
     return bool(node.attributes.get_int("inverse", 0) and node.attributes.get_int("onesided", 0))
 
 
+@dft.jvp
 def _dft_jvp(em: Emitter, node: ir.Node, tangents: Tangents) -> list[ir.Value | None]:
     t = tangents[0]
     x = node.inputs[0]
@@ -270,6 +273,7 @@ def _dft_jvp(em: Emitter, node: ir.Node, tangents: Tangents) -> list[ir.Value | 
     ]
 
 
+@dft.transpose
 def _dft_transpose(
     em: Emitter, node: ir.Node, cts: Tangents, linear: Sequence[bool]
 ) -> list[ir.Value | None]:
@@ -362,6 +366,7 @@ def _irfft_transpose(
     return em.op("Mul", [spectrum, weights])
 
 
+@dft.batch
 def _dft_batch(bx: Batcher, node: ir.Node, args: Args, batched: Sequence[bool]) -> BatchResult:
     refuse_batched(bx, node, args, batched, {1: "dft_length", 2: "axis"})
     x = args[0]
@@ -390,13 +395,10 @@ def _dft_batch(bx: Batcher, node: ir.Node, args: Args, batched: Sequence[bool]) 
     return [bx.op("DFT", [x, *args[1:]], attrs)], [True]
 
 
-for _v in (17, 20):
-    jvp_rules.add("DFT", _dft_jvp, since_version=_v)
-    transpose_rules.add("DFT", _dft_transpose, since_version=_v)
-    batch_rules.add("DFT", _dft_batch, since_version=_v)
-
-
 # --------------------------------------------------------------------------------- STFT
+stft = OpRules("STFT", since=17)
+
+
 def _frame_length(em: Emitter, node: ir.Node, window_length: Length | None) -> Length:
     """The frame length: the frame_length input, else ``window_length`` (the window's size)."""
     from_input = _length_input(em, node, 3)
@@ -455,6 +457,7 @@ def stft_primitive(
     return emit_dft(em, frames, 2, onesided=node.attributes.get_int("onesided", 1))
 
 
+@stft.jvp
 def _stft_jvp(em: Emitter, node: ir.Node, tangents: Tangents) -> list[ir.Value | None]:
     t_signal = tangents[0]
     t_window = tangents[2] if len(tangents) > 2 else None
@@ -469,6 +472,7 @@ def _stft_jvp(em: Emitter, node: ir.Node, tangents: Tangents) -> list[ir.Value |
     return [em.add_all(terms)]
 
 
+@stft.batch
 def _stft_batch(bx: Batcher, node: ir.Node, args: Args, batched: Sequence[bool]) -> BatchResult:
     refuse_batched(bx, node, args, batched, {1: "frame_step", 3: "frame_length"})
     signal, original = args[0], node.inputs[0]
@@ -512,7 +516,3 @@ def _example_dim(bx: Batcher, arg: ir.Value, original: ir.Value, axis: int) -> L
 def em_slice(em: Emitter, vector: ir.Value, start: int, end: int | None = None) -> ir.Value:
     """``vector[start:end]`` of a 1-D value."""
     return em.slice(vector, [start], [end if end is not None else 2**62], [0])
-
-
-jvp_rules.add("STFT", _stft_jvp, since_version=17)
-batch_rules.add("STFT", _stft_batch, since_version=17)

@@ -22,13 +22,13 @@ import onnx_ir as ir
 from onnax.core.batching import Batcher, input_name
 from onnax.core.diagnostics import node_label, op_label
 from onnax.core.emit import Emitter
-from onnax.core.registry import batch_rules, jvp_rules
+from onnax.core.registry import Args, BatchResult, OpRules, Tangents
 from onnax.errors import UnsupportedOperatorError
 
-Tangents = Sequence[ir.Value | None]
-Args = Sequence[ir.Value | None]
+unique = OpRules("Unique", since=11)
 
 
+@unique.jvp
 def _unique_jvp(em: Emitter, node: ir.Node, tangents: Tangents) -> list[ir.Value | None]:
     t = tangents[0]
     outs: list[ir.Value | None] = [None] * len(node.outputs)
@@ -48,9 +48,8 @@ def _unique_jvp(em: Emitter, node: ir.Node, tangents: Tangents) -> list[ir.Value
     return outs
 
 
-def _unique_batch(
-    bx: Batcher, node: ir.Node, args: Args, batched: Sequence[bool]
-) -> tuple[list[ir.Value | None], list[bool]]:
+@unique.batch
+def _unique_batch(bx: Batcher, node: ir.Node, args: Args, batched: Sequence[bool]) -> BatchResult:
     raise UnsupportedOperatorError(
         f"vmap: {op_label(node)} at opset {bx.opset} ({node_label(node)}) gets a batched input "
         f"(input 0 {input_name(node, args, 0)!r}): the number of unique values depends on each "
@@ -58,7 +57,3 @@ def _unique_batch(
         "tensor cannot hold. Remedy: give that input in_axes None (shared), or apply Unique "
         "outside the vmapped model (one example at a time)."
     )
-
-
-jvp_rules.add("Unique", _unique_jvp, since_version=11)
-batch_rules.add("Unique", _unique_batch, since_version=11)

@@ -1,10 +1,13 @@
-"""Operators with a zero derivative, and OneHot.
+"""Shape queries, index-valued and quantized operators: zero derivatives, and OneHot.
 
-Comparisons, logical and bitwise operators, shape queries, index-valued operators (ArgMax, NonZero,
-...) and the rounding family (Sign Floor Ceil Round, Hardmax) are piecewise constant: their
-tangent is a symbolic zero, whatever the type of their output. Registering them lets a derivative
-flow *past* them (``x * Floor(x)``, ``Where(x > 0, x, 0)``) instead of stopping the transform.
-A float output of such an operator that is a graph output gets a materialised zero tangent.
+Shape Size ArgMax ArgMin Hardmax NonZero NonMaxSuppression EyeLike OneHot BitCast QLinearMatMul
+QLinearConv MelWeightMatrix, ai.onnx.ml::Binarizer and ai.onnx.ml::TreeEnsemble.
+
+Shape queries and index-valued operators (ArgMax, NonZero, ...) have integer results, and
+Hardmax and EyeLike are piecewise constant or independent of the values: their tangent is a
+symbolic zero, which lets a derivative flow past them. A float output of such an operator that
+is a graph output gets a materialised zero tangent. (Comparisons, logic and the rounding family
+live in :mod:`onnax.rules.logic`, QuantizeLinear in :mod:`onnax.rules.quant`.)
 
 Also zero: BitCast (from FLOAT/DOUBLE it yields integers), QLinearMatMul and QLinearConv
 (integer results; their float inputs are scales), MelWeightMatrix (its filters sit at integer
@@ -16,155 +19,42 @@ edges (its filters written out with Where, as onnxruntime's kernel places them).
 OneHot is piecewise constant in its indices and depth but linear in its ``values`` input (the
 off/on pair), so it has a real rule here.
 
-Batch rules (vmap): comparisons, logic and bitwise operators broadcast; the rounding family and the
-other unary tests apply as they are; axis-taking operators (ArgMax ArgMin Hardmax QuantizeLinear
-OneHot) shift their axis past the batch axis. Shape producers (Shape, Size) and EyeLike return the
-*unbatched* result, the same for every example. NonZero and NonMaxSuppression are refused on
-batched inputs: their output sizes depend on each example's values (a ragged result).
+Batch rules (vmap): axis-taking operators (ArgMax ArgMin Hardmax OneHot) shift their axis past
+the batch axis. Shape producers (Shape, Size) and EyeLike return the *unbatched* result, the
+same for every example. NonZero and NonMaxSuppression are refused on batched inputs: their
+output sizes depend on each example's values (a ragged result).
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Sequence
 
 import numpy as np
 import onnx_ir as ir
 
-from onnax.core.batching import Batcher, shift_axes
+from onnax.core.batching import Batcher
 from onnax.core.diagnostics import node_label, op_label
 from onnax.core.emit import Emitter, InternalRuleError
-from onnax.core.registry import BatchRule, batch_rules, jvp_rules
+from onnax.core.registry import Args, BatchResult, BatchRule, OpRules, Tangents
 from onnax.errors import UnsupportedOperatorError
-from onnax.rules._patterns import (
-    attributes_of,
-    original_input,
-    register_broadcasting_batch,
-    register_vectorized_batch,
-    register_zero,
-)
-
-Tangents = Sequence[ir.Value | None]
-Args = Sequence[ir.Value | None]
-BatchResult = tuple[list[ir.Value | None], list[bool]]
-
-ZERO_SINCE: Mapping[str, int] = {
-    # Comparisons and logic: boolean results.
-    "Equal": 1,
-    "Less": 1,
-    "Greater": 1,
-    "LessOrEqual": 12,
-    "GreaterOrEqual": 12,
-    "And": 1,
-    "Or": 1,
-    "Xor": 1,
-    "Not": 1,
-    "IsNaN": 9,
-    "IsInf": 10,
-    # Bitwise: integer-only inputs, so never reached by a derivative; listed for completeness.
-    "BitShift": 11,
-    "BitwiseAnd": 18,
-    "BitwiseOr": 18,
-    "BitwiseXor": 18,
-    "BitwiseNot": 18,
-    # Shape queries and index-valued results.
-    "Shape": 1,
-    "Size": 1,
-    "ArgMax": 1,
-    "ArgMin": 1,
-    "NonZero": 9,
-    "NonMaxSuppression": 10,
-    "QuantizeLinear": 10,
-    # Float-valued but piecewise constant (zero almost everywhere), or independent of the values.
-    "Sign": 9,
-    "Floor": 1,
-    "Ceil": 1,
-    "Round": 11,
-    "Hardmax": 1,
-    "EyeLike": 9,
-}
-"""Each operator's earliest ONNX ``since_version``: the zero rule serves every later version."""
-
-for _op, _v in ZERO_SINCE.items():
-    register_zero([_op], since_version=_v)
+from onnax.rules._patterns import attributes_of, original_input, vectorized_batch
 
 
-# ---------------------------------------------------------------------------------- OneHot
-def _onehot_jvp(em: Emitter, node: ir.Node, tangents: Tangents) -> list[ir.Value | None]:
-    # y = off + mask * (on - off) with mask = OneHot(indices, depth, [0, 1]): the same node with
-    # unit values (same types, so the runtime kernel the model already uses serves it).
-    tv = tangents[2] if len(tangents) > 2 else None
-    if tv is None:
-        return [None]
-    indices, depth, values = node.inputs
-    assert indices is not None and depth is not None and values is not None
-    if values.dtype is None:
-        raise InternalRuleError(f"OneHot: the element type of {values.name!r} is unknown")
-    unit = em.const(np.array([0, 1], dtype=values.dtype.numpy()))
-    axis = node.attributes.get_int("axis", -1)
-    mask = em.op("OneHot", [indices, depth, unit], {"axis": axis})
-    # The mask has exactly the output's shape; say so, since inference cannot see a run-time depth
-    # and a symbolic one-hot axis would otherwise make the transposes fall back to run-time axes.
-    mask.shape = node.outputs[0].shape.copy() if node.outputs[0].shape is not None else None
-    off = em.op("Gather", [tv, em.const(np.array(0, dtype=np.int64))], {"axis": 0})
-    on = em.op("Gather", [tv, em.const(np.array(1, dtype=np.int64))], {"axis": 0})
-    return [em.op("Add", [em.op("Mul", [mask, em.op("Sub", [on, off])]), off])]
-
-
-for _v in (9, 11):
-    jvp_rules.add("OneHot", _onehot_jvp, since_version=_v)
-
-
-# ------------------------------------------------------------------------------ batch rules
-# Every since_version of each schema (onnx 1.23); the rule is the same across versions unless a
-# dedicated rule below says otherwise.
-BROADCASTING_BATCH: Mapping[str, tuple[int, ...]] = {
-    "Equal": (1, 7, 11, 13, 19),
-    "Less": (1, 7, 9, 13),
-    "Greater": (1, 7, 9, 13),
-    "LessOrEqual": (12, 16),
-    "GreaterOrEqual": (12, 16),
-    "And": (1, 7),
-    "Or": (1, 7),
-    "Xor": (1, 7),
-    "BitShift": (11, 28),
-    "BitwiseAnd": (18,),
-    "BitwiseOr": (18,),
-    "BitwiseXor": (18,),
-}
-"""Multidirectionally broadcasting operators: batched operands are aligned past the batch axis."""
-
-VECTORIZED_BATCH: Mapping[str, tuple[int, ...]] = {
-    "Not": (1,),
-    "BitwiseNot": (18,),
-    "Sign": (9, 13),
-    "Floor": (1, 6, 13),
-    "Ceil": (1, 6, 13),
-    "Round": (11, 22),
-    "IsNaN": (9, 13, 20),
-    "IsInf": (10, 20),
-}
-"""One-input elementwise operators: applied to the batched value as they are."""
-
-for _op, _versions in BROADCASTING_BATCH.items():
-    for _v in _versions:
-        register_broadcasting_batch([_op], since_version=_v)
-for _op, _versions in VECTORIZED_BATCH.items():
-    for _v in _versions:
-        register_vectorized_batch([_op], since_version=_v)
-
-
-def _arg(args: Args, index: int) -> ir.Value:
+# ------------------------------------------------------------------------------ helpers
+def required_arg(args: Args, index: int) -> ir.Value:
+    """A batch rule's input ``index``, which must be present (an internal error otherwise)."""
     value = args[index] if index < len(args) else None
     if value is None:
         raise InternalRuleError(f"batch rule: input {index} is missing")
     return value
 
 
-def _optional(args: Args, index: int) -> ir.Value | None:
+def optional_arg(args: Args, index: int) -> ir.Value | None:
+    """A batch rule's input ``index``, or None when absent."""
     return args[index] if index < len(args) else None
 
 
-def _input_name(node: ir.Node, index: int) -> str:
+def original_name(node: ir.Node, index: int) -> str:
     """The name of input ``index`` for messages (vmap leaves the originals their names)."""
     value = node.inputs[index] if index < len(node.inputs) else None
     return value.name if value is not None and value.name else f"#{index}"
@@ -186,6 +76,11 @@ def _clamp_axis(axis: int, rank: int) -> int:
 
 
 # ----------------------------------------------------------------------------------- Shape
+shape_query = OpRules("Shape", since=1)
+shape_query.zero()
+
+
+@shape_query.batch
 def _shape_batch(bx: Batcher, node: ir.Node, args: Args, batched: Sequence[bool]) -> BatchResult:
     """The shape of one example (not batched): the batched shape past the batch axis.
 
@@ -194,7 +89,7 @@ def _shape_batch(bx: Batcher, node: ir.Node, args: Args, batched: Sequence[bool]
     into the batch axis). Of an input of unknown rank, the example's shape is sliced instead
     (Slice clamps its bounds exactly as Shape does).
     """
-    x, original = _arg(args, 0), original_input(node, 0)
+    x, original = required_arg(args, 0), original_input(node, 0)
     start_attr, end_attr = node.attributes.get_int("start", 0), node.attributes.get("end")
     if original.shape is None:
         shape = bx.unbatched_shape(x, True, original)
@@ -218,18 +113,19 @@ def _shape_batch(bx: Batcher, node: ir.Node, args: Args, batched: Sequence[bool]
     return [out], [False]
 
 
-for _v in (1, 13, 15, 19, 21, 23, 24, 25):
-    batch_rules.add("Shape", _shape_batch, since_version=_v)
-
-
 # ------------------------------------------------------------------------------------ Size
+size_query = OpRules("Size", since=1)
+size_query.zero()
+
+
+@size_query.batch
 def _size_batch(bx: Batcher, node: ir.Node, args: Args, batched: Sequence[bool]) -> BatchResult:
     """The size of one example (not batched): the product of its shape.
 
     Computed from the unbatched shape rather than ``Size / batch_size``, which would divide by
     zero for an empty batch.
     """
-    x, original = _arg(args, 0), original_input(node, 0)
+    x, original = required_arg(args, 0), original_input(node, 0)
     if original.shape is not None and original.shape.is_static():
         size = int(np.prod(original.shape.numpy(), dtype=np.int64))
         out = bx.const(np.array(size, dtype=np.int64))
@@ -237,10 +133,6 @@ def _size_batch(bx: Batcher, node: ir.Node, args: Args, batched: Sequence[bool])
         shape = bx.unbatched_shape(x, True, original)
         out = bx.reduce("ReduceProd", shape, None, keepdims=False)
     return [out], [False]
-
-
-for _v in (1, 13, 19, 21, 23, 24, 25):
-    batch_rules.add("Size", _size_batch, since_version=_v)
 
 
 # --------------------------------------------------------------- ArgMax / ArgMin / Hardmax
@@ -252,7 +144,7 @@ def _axis_batch(default_axis: int) -> BatchRule:
     """
 
     def rule(bx: Batcher, node: ir.Node, args: Args, batched: Sequence[bool]) -> BatchResult:
-        x = _arg(args, 0)
+        x = required_arg(args, 0)
         axis = node.attributes.get_int("axis", default_axis)
         shifted = _shift_axis(axis)
         return [bx.op(node.op_type, [x], attributes_of(node, axis=shifted))], [True]
@@ -260,103 +152,44 @@ def _axis_batch(default_axis: int) -> BatchRule:
     return rule
 
 
-for _op in ("ArgMax", "ArgMin"):
-    for _v in (1, 11, 12, 13):
-        batch_rules.add(_op, _axis_batch(0), since_version=_v)
-for _v, _default in ((1, 1), (11, 1), (13, -1)):
-    batch_rules.add("Hardmax", _axis_batch(_default), since_version=_v)
+arg_max_min = OpRules(("ArgMax", "ArgMin"), since=1)
+arg_max_min.zero()
+arg_max_min.batch(_axis_batch(0))
 
-
-# --------------------------------------------------------------------------- QuantizeLinear
-def _quantize_batch(bx: Batcher, node: ir.Node, args: Args, batched: Sequence[bool]) -> BatchResult:
-    """QuantizeLinear with its quantization axis shifted past the batch axis.
-
-    Shared parameters: a per-tensor (scalar) scale applies as is, a per-axis (1-D) one along the
-    shifted axis, a blocked one (same rank as x) is broadcast along the batch first. Batched
-    parameters are only expressible for a per-tensor scale (opset >= 13): one scale per example is
-    a per-axis quantization along the batch axis itself.
-    """
-    x, scale, zero_point = _arg(args, 0), _arg(args, 1), _optional(args, 2)
-    x_orig, scale_orig = original_input(node, 0), original_input(node, 1)
-    zp_orig = node.inputs[2] if len(node.inputs) > 2 else None
-    rank, scale_rank = bx.rank(x_orig), bx.rank(scale_orig)
-    zp_batched = zero_point is not None and batched[2]
-    block_size = node.attributes.get_int("block_size", 0)
-    axis = node.attributes.get_int("axis", 1)
-    if not batched[1] and not zp_batched:
-        if scale_rank == 0 or not -rank <= axis < rank:
-            # Per-tensor: the axis is ignored (and valid for the batched rank if it was before).
-            return [bx.op("QuantizeLinear", list(args), attributes_of(node))], [True]
-        attrs = attributes_of(node, axis=shift_axes([axis], rank)[0])
-        if block_size > 0:
-            # Blocked: the scale has x's rank; give it (and the zero point) the batch axis too.
-            scale = bx.materialize(scale, False, scale_orig)
-            if zero_point is not None and zp_orig is not None:
-                zero_point = bx.materialize(zero_point, False, zp_orig)
-        inputs = [x, scale] if zero_point is None else [x, scale, zero_point]
-        return [bx.op("QuantizeLinear", inputs, attrs)], [True]
-    per_tensor = scale_rank == 0 and (zp_orig is None or bx.rank(zp_orig) == 0)
-    if bx.opset < 13 and bx.opset >= 11 and per_tensor:
-        return [_quantize_explicit(bx, node, args, batched)], [True]
-    if not per_tensor or block_size > 0 or bx.opset < 13:
-        index = 1 if batched[1] else 2
-        name = _input_name(node, index)
-        why = (
-            "at opset 10 QuantizeLinear has no axis attribute and ONNX no Round"
-            if bx.opset < 11
-            else "the quantization parameters are per-axis or blocked"
-        )
-        raise UnsupportedOperatorError(
-            f"vmap: {op_label(node)} at opset {bx.opset} ({node_label(node)}) gets a batched "
-            f"quantization parameter (input {index} {name!r}): each example would quantize "
-            f"with its own parameters, which needs a per-axis quantization along the batch axis, "
-            f"but {why}. Remedy: give the inputs {name!r} is computed from in_axes None "
-            "(share the quantization parameters), or use a scalar scale and zero point at "
-            "opset >= 11."
-        )
-    x = bx.materialize(x, batched[0], x_orig)
-    scale = bx.materialize(scale, batched[1], scale_orig)
-    inputs = [x, scale]
-    if zero_point is not None and zp_orig is not None:
-        inputs.append(bx.materialize(zero_point, batched[2], zp_orig))
-    # One scale per example: per-axis quantization along axis 0, the batch axis.
-    return [bx.op("QuantizeLinear", inputs, attributes_of(node, axis=0))], [True]
-
-
-def _quantize_explicit(bx: Batcher, node: ir.Node, args: Args, batched: Sequence[bool]) -> ir.Value:
-    """Per-tensor QuantizeLinear-10 with per-example parameters, written out.
-
-    Before opset 13 there is no per-axis form to carry one scale per example, so the
-    definition is computed directly: ``y = saturate(round(x / scale) + zero_point)``, rounding
-    half to even, in float32 (x is float32 or int32, the scale float32, the zero point uint8 or
-    int8, as the opset-10 schema allows). Division (not a reciprocal), round-half-to-even and
-    saturation to the integer range are what onnxruntime's kernel does, so the results agree
-    exactly; the zero point and the rounded quotient are small integers, exact in float32.
-    """
-    x, scale, zero_point = _arg(args, 0), _arg(args, 1), _optional(args, 2)
-    x_orig, scale_orig = original_input(node, 0), original_input(node, 1)
-    zp_orig = node.inputs[2] if len(node.inputs) > 2 else None
-    rank = bx.rank(x_orig)
-    x = bx.materialize(x, batched[0], x_orig)
-    if x_orig.dtype != ir.DataType.FLOAT:
-        x = bx.op("Cast", [x], {"to": ir.DataType.FLOAT})
-    scale = bx.align(scale, batched[1], scale_orig, rank)
-    q = bx.op("Round", [bx.op("Div", [x, scale])])
-    out_type = ir.DataType.UINT8
-    if zero_point is not None and zp_orig is not None:
-        out_type = zp_orig.dtype or out_type
-        zp = bx.align(zero_point, batched[2], zp_orig, rank)
-        q = bx.op("Add", [q, bx.op("Cast", [zp], {"to": ir.DataType.FLOAT})])
-    info = np.iinfo(out_type.numpy())
-    low, high = bx.scalar(info.min, ir.DataType.FLOAT), bx.scalar(info.max, ir.DataType.FLOAT)
-    return bx.op("Cast", [bx.op("Clip", [q, low, high])], {"to": out_type})
-
-
-for _v in (10, 13, 19, 21, 23, 24, 25, 28):
-    batch_rules.add("QuantizeLinear", _quantize_batch, since_version=_v)
+# Hardmax-13 changed the default axis from 1 to -1 (and stopped flattening).
+hardmax = OpRules("Hardmax", since=(1, 13))
+hardmax.zero()
+hardmax.batch(_axis_batch(1))
+hardmax.batch(_axis_batch(-1), since=13)
 
 
 # ---------------------------------------------------------------------------------- OneHot
+onehot = OpRules("OneHot", since=9)
+
+
+@onehot.jvp
+def _onehot_jvp(em: Emitter, node: ir.Node, tangents: Tangents) -> list[ir.Value | None]:
+    # y = off + mask * (on - off) with mask = OneHot(indices, depth, [0, 1]): the same node with
+    # unit values (same types, so the runtime kernel the model already uses serves it).
+    tv = tangents[2] if len(tangents) > 2 else None
+    if tv is None:
+        return [None]
+    indices, depth, values = node.inputs
+    assert indices is not None and depth is not None and values is not None
+    if values.dtype is None:
+        raise InternalRuleError(f"OneHot: the element type of {values.name!r} is unknown")
+    unit = em.const(np.array([0, 1], dtype=values.dtype.numpy()))
+    axis = node.attributes.get_int("axis", -1)
+    mask = em.op("OneHot", [indices, depth, unit], {"axis": axis})
+    # The mask has exactly the output's shape; say so, since inference cannot see a run-time depth
+    # and a symbolic one-hot axis would otherwise make the transposes fall back to run-time axes.
+    mask.shape = node.outputs[0].shape.copy() if node.outputs[0].shape is not None else None
+    off = em.op("Gather", [tv, em.const(np.array(0, dtype=np.int64))], {"axis": 0})
+    on = em.op("Gather", [tv, em.const(np.array(1, dtype=np.int64))], {"axis": 0})
+    return [em.op("Add", [em.op("Mul", [mask, em.op("Sub", [on, off])]), off])]
+
+
+@onehot.batch
 def _onehot_batch(bx: Batcher, node: ir.Node, args: Args, batched: Sequence[bool]) -> BatchResult:
     """OneHot with batched indices (the one-hot axis shifted) and/or batched values.
 
@@ -364,10 +197,10 @@ def _onehot_batch(bx: Batcher, node: ir.Node, args: Args, batched: Sequence[bool
     off/on pair per example) select through ``Where`` on the one-hot mask, which is exact for any
     element type.
     """
-    indices, depth, values = _arg(args, 0), _arg(args, 1), _arg(args, 2)
+    indices, depth, values = required_arg(args, 0), required_arg(args, 1), required_arg(args, 2)
     indices_orig, values_orig = original_input(node, 0), original_input(node, 2)
     if batched[1]:
-        name = _input_name(node, 1)
+        name = original_name(node, 1)
         raise UnsupportedOperatorError(
             f"vmap: {op_label(node)} at opset {bx.opset} ({node_label(node)}) takes its depth "
             f"from input 1 {name!r}, which depends on a batched input: each example "
@@ -400,18 +233,20 @@ def _onehot_batch(bx: Batcher, node: ir.Node, args: Args, batched: Sequence[bool
     return [bx.op("Where", [chosen, on, off])], [True]
 
 
-for _v in (9, 11, 28):
-    batch_rules.add("OneHot", _onehot_batch, since_version=_v)
-
-
 # --------------------------------------------------------------------------------- EyeLike
+# The identity of the input's shape: independent of its values.
+eyelike = OpRules("EyeLike", since=9)
+eyelike.zero()
+
+
+@eyelike.batch
 def _eyelike_batch(bx: Batcher, node: ir.Node, args: Args, batched: Sequence[bool]) -> BatchResult:
     """The identity of one example's shape (not batched): EyeLike only reads its input's shape.
 
     The batched input is never read as such; a zero tensor of the unbatched shape and type stands
     in for it, so every example shares one result.
     """
-    x, original = _arg(args, 0), original_input(node, 0)
+    x, original = required_arg(args, 0), original_input(node, 0)
     dtype = original.dtype
     if dtype is None:
         raise InternalRuleError(f"EyeLike: the element type of {original.name!r} is unknown")
@@ -420,15 +255,11 @@ def _eyelike_batch(bx: Batcher, node: ir.Node, args: Args, batched: Sequence[boo
     return [bx.op("EyeLike", [stand_in], attributes_of(node))], [False]
 
 
-for _v in (9, 22):
-    batch_rules.add("EyeLike", _eyelike_batch, since_version=_v)
-
-
 # ------------------------------------------------------------------ NonZero / NonMaxSuppression
 def _ragged_batch(bx: Batcher, node: ir.Node, args: Args, batched: Sequence[bool]) -> BatchResult:
     """Refused: the number of results depends on each example's values."""
     index = next(i for i, b in enumerate(batched) if b)
-    name = _input_name(node, index)
+    name = original_name(node, index)
     what = (
         "the number of nonzero elements"
         if node.op_type == "NonZero"
@@ -443,10 +274,9 @@ def _ragged_batch(bx: Batcher, node: ir.Node, args: Args, batched: Sequence[bool
     )
 
 
-for _v in (9, 13):
-    batch_rules.add("NonZero", _ragged_batch, since_version=_v)
-for _v in (10, 11):
-    batch_rules.add("NonMaxSuppression", _ragged_batch, since_version=_v)
+for _ragged in (OpRules("NonZero", since=9), OpRules("NonMaxSuppression", since=10)):
+    _ragged.zero()
+    _ragged.batch(_ragged_batch)
 
 
 # ------------------------------------------------- integer results, piecewise-constant results
@@ -454,30 +284,25 @@ for _v in (10, 11):
 # an integer of the same width, never a FLOAT/DOUBLE. QLinearMatMul/QLinearConv produce integers.
 # Binarizer (0/1) and TreeEnsemble (leaf sums) are piecewise constant in their input. All have a
 # zero derivative (the schemas mark these inputs non-differentiable or leave them unknown).
-register_zero(["BitCast"], since_version=26)
-register_zero(["QLinearMatMul"], since_version=10)
-register_zero(["QLinearConv"], since_version=10)
-# MelWeightMatrix places its triangular filters at integer DFT bins computed from the band edges
-# (floor), so the weights are piecewise constant in lower/upper_edge_hertz (its float inputs).
-register_zero(["MelWeightMatrix"], since_version=17)
-register_vectorized_batch(["BitCast"], since_version=26)
-for _op, _v in (("Binarizer", 1), ("TreeEnsemble", 5)):
-    jvp_rules.add(
-        _op,
-        lambda em, node, tangents: [None] * len(node.outputs),
-        domain="ai.onnx.ml",
-        since_version=_v,
-    )
+bitcast = OpRules("BitCast", since=26)
+bitcast.zero()
+bitcast.batch(vectorized_batch)
+binarizer = OpRules("Binarizer", since=1, domain="ai.onnx.ml")
+binarizer.zero()
+tree_ensemble = OpRules("TreeEnsemble", since=5, domain="ai.onnx.ml")
+tree_ensemble.zero()
 
 
+@binarizer.batch
 def _binarizer_batch(
     bx: Batcher, node: ir.Node, args: Args, batched: Sequence[bool]
 ) -> BatchResult:
     """Binarizer is elementwise: it applies to the batched value as it is."""
-    x = _arg(args, 0)
+    x = required_arg(args, 0)
     return [bx.op("Binarizer", [x], attributes_of(node), domain="ai.onnx.ml")], [True]
 
 
+@tree_ensemble.batch
 def _tree_ensemble_batch(
     bx: Batcher, node: ir.Node, args: Args, batched: Sequence[bool]
 ) -> BatchResult:
@@ -485,11 +310,11 @@ def _tree_ensemble_batch(
 
     ``[B, N, F] -> [B * N, F]``, and the scores ``[B * N, T]`` unfolded to ``[B, N, T]``.
     """
-    x = _arg(args, 0)
+    x = required_arg(args, 0)
     if bx.rank(original_input(node, 0)) != 2:
         raise UnsupportedOperatorError(
             f"vmap: {op_label(node)} at opset {bx.opset} ({node_label(node)}): input 0 "
-            f"{_input_name(node, 0)!r} is not of rank 2 ([N, F]), which the operator requires. "
+            f"{original_name(node, 0)!r} is not of rank 2 ([N, F]), which the operator requires. "
             "Remedy: reshape the input to [N, F] before the node."
         )
     shape = bx.op("Shape", [x])
@@ -501,10 +326,6 @@ def _tree_ensemble_batch(
     return [bx.op("Reshape", [scores, back])], [True]
 
 
-batch_rules.add("Binarizer", _binarizer_batch, domain="ai.onnx.ml", since_version=1)
-batch_rules.add("TreeEnsemble", _tree_ensemble_batch, domain="ai.onnx.ml", since_version=5)
-
-
 # ------------------------------------------------------- QLinearMatMul, QLinearConv, MelWeightMatrix
 def _refuse_batched_parameters(
     bx: Batcher, node: ir.Node, batched: Sequence[bool], data: Sequence[int], why: str
@@ -512,7 +333,7 @@ def _refuse_batched_parameters(
     """Refuses a batched input other than the data inputs ``data`` (scales, zero points...)."""
     for index, flag in enumerate(batched):
         if flag and index not in data:
-            name = _input_name(node, index)
+            name = original_name(node, index)
             raise UnsupportedOperatorError(
                 f"vmap: {op_label(node)} at opset {bx.opset} ({node_label(node)}) gets a batched "
                 f"input {index} {name!r}: {why}. Remedy: give the inputs {name!r} is computed "
@@ -520,6 +341,11 @@ def _refuse_batched_parameters(
             )
 
 
+qlinear_matmul = OpRules("QLinearMatMul", since=10)
+qlinear_matmul.zero()
+
+
+@qlinear_matmul.batch
 def _qlinear_matmul_batch(
     bx: Batcher, node: ir.Node, args: Args, batched: Sequence[bool]
 ) -> BatchResult:
@@ -542,17 +368,24 @@ def _qlinear_matmul_batch(
     new = list(args)
     for index in (0, 3):
         if batched[index]:
-            new[index] = bx.align(_arg(args, index), True, original_input(node, index), rank)
+            new[index] = bx.align(
+                required_arg(args, index), True, original_input(node, index), rank
+            )
     return [bx.op("QLinearMatMul", new)], [True]
 
 
+qlinear_conv = OpRules("QLinearConv", since=10)
+qlinear_conv.zero()
+
+
+@qlinear_conv.batch
 def _qlinear_conv_batch(
     bx: Batcher, node: ir.Node, args: Args, batched: Sequence[bool]
 ) -> BatchResult:
     """QLinearConv of a batched input: the vmap axis is folded into the image batch axis N."""
     why = "each example would have its own weights or quantization parameters"
     _refuse_batched_parameters(bx, node, batched, (0,), why)
-    x = _arg(args, 0)
+    x = required_arg(args, 0)
     shape = bx.op("Shape", [x])
     folded = bx.op(
         "Reshape",
@@ -567,6 +400,13 @@ def _qlinear_conv_batch(
     return [bx.op("Reshape", [out, back])], [True]
 
 
+# MelWeightMatrix places its triangular filters at integer DFT bins computed from the band edges
+# (floor), so the weights are piecewise constant in lower/upper_edge_hertz (its float inputs).
+mel_weight_matrix = OpRules("MelWeightMatrix", since=17)
+mel_weight_matrix.zero()
+
+
+@mel_weight_matrix.batch
 def _mel_weight_matrix_batch(
     bx: Batcher, node: ir.Node, args: Args, batched: Sequence[bool]
 ) -> BatchResult:
@@ -584,9 +424,9 @@ def _mel_weight_matrix_batch(
     _refuse_batched_parameters(bx, node, batched, (2, 3, 4), why)
     i64 = int(ir.DataType.INT64)
     n_mel, dft, rate, lower, upper = (
-        bx.op("Reshape", [bx.op("Cast", [_arg(args, i)], {"to": i64}), bx.ints([])])
+        bx.op("Reshape", [bx.op("Cast", [required_arg(args, i)], {"to": i64}), bx.ints([])])
         if i < 2
-        else _arg(args, i)
+        else required_arg(args, i)
         for i in range(5)
     )
     bins = _mel_bins(bx, n_mel, dft, rate, lower, upper)
@@ -689,9 +529,3 @@ def _mel_filters(
     out = bx.op("Where", [rising, ratio(bx.op("Sub", [j, left]), rise), out])
     out = bx.op("Where", [falling, ratio(bx.op("Sub", [right, j]), fall), out])
     return out if out_type == compute else bx.op("Cast", [out], {"to": int(out_type)})
-
-
-for _v in (10, 21):
-    batch_rules.add("QLinearMatMul", _qlinear_matmul_batch, since_version=_v)
-batch_rules.add("QLinearConv", _qlinear_conv_batch, since_version=10)
-batch_rules.add("MelWeightMatrix", _mel_weight_matrix_batch, since_version=17)
