@@ -20,7 +20,6 @@ MAX_LINES = 600
 OVERSIZED: dict[str, str] = {
     "rules/shape.py": "to be split (rule-layer redesign)",
     "rules/norm.py": "to be split (rule-layer redesign)",
-    "rules/conv.py": "to be split (rule-layer redesign)",
     "rules/indexing.py": "to be split (rule-layer redesign)",
     "rules/linalg.py": "to be split (rule-layer redesign)",
     "rules/control_flow.py": "to be split (rule-layer redesign)",
@@ -36,7 +35,6 @@ OLD_FORM: set[str] = {
     "onnax.rules.activations",
     "onnax.rules.control_flow",
     "onnax.rules.control_flow_batch",
-    "onnax.rules.conv",
     "onnax.rules.elementwise",
     "onnax.rules.gridsample",
     "onnax.rules.im2col",

@@ -39,7 +39,7 @@ from onnax.core.emit import Emitter
 from onnax.core.registry import batch_rules, jvp_rules, lowerings, transpose_rules
 from onnax.errors import UnsupportedOperatorError
 from onnax.rules._patterns import attributes_of
-from onnax.rules.conv import fold_batch, unfold_batch
+from onnax.rules._windows import fold_batch, unfold_batch
 
 Tangents = Sequence[ir.Value | None]
 Args = Sequence[ir.Value | None]

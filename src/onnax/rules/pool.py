@@ -15,7 +15,7 @@
   re-deriving how the runtime counts. ``WindowSum`` is a depthwise Conv (``group = C``) with a
   kernel of ones (or, when the channel count is symbolic, a Conv of the channels folded into the
   batch), and its transpose the matching ConvTranspose (the window geometry with tight pads
-  comes from :mod:`onnax.rules.conv`).
+  comes from :mod:`onnax.rules._windows`).
 * **LpPool** ``y = (sum |x|^p)^(1/p)`` over each window: ``dy = y^(1-p) WindowSum(sign(x)
   |x|^(p-1) dx)``; where ``y == 0`` (an all-zero window, a kink for p = 1 and a singular point
   otherwise) the tangent is 0.
@@ -48,7 +48,7 @@ from onnax.core.emit import Emitter
 from onnax.core.registry import batch_rules, jvp_rules, transpose_rules
 from onnax.errors import UnsupportedOperatorError
 from onnax.rules._patterns import attributes_of
-from onnax.rules.conv import (
+from onnax.rules._windows import (
     Param,
     Window,
     correlate,
