@@ -40,7 +40,6 @@ OLD_FORM: set[str] = {
     "onnax.rules.indexing",
     "onnax.rules.losses",
     "onnax.rules.norm",
-    "onnax.rules.pool",
     "onnax.rules.quant",
     "onnax.rules.random",
     "onnax.rules.recurrent",
