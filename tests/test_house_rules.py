@@ -36,7 +36,6 @@ OLD_FORM: set[str] = {
     "onnax.rules.control_flow_batch",
     "onnax.rules.elementwise",
     "onnax.rules.gridsample",
-    "onnax.rules.im2col",
     "onnax.rules.indexing",
     "onnax.rules.losses",
     "onnax.rules.norm",
