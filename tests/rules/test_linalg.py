@@ -174,8 +174,8 @@ SECOND_ORDER = {
     ids=case_id,
 )
 def test_second_order(case: Case) -> None:
-    """The vjp model (whose cotangents use the helpers: ones, identities, Gemm with the cotangent
-    as an operand) is itself differentiated, in both modes."""
+    """The vjp model (whose cotangents use Gemm with the cotangent as an operand, and sums over
+    broadcast batch axes) is itself differentiated, in both modes."""
     vm = onnax.vjp(case.model("double", case.opsets[-1]), case.inputs)
     feeds = case.feeds(vm)
     check_jvp(vm, feeds)
