@@ -16,6 +16,7 @@ FAMILIES = (
     "elementwise",
     "activations",
     "linalg",
+    "einsum",
     "reduce",
     "layout",
     "slicing",

@@ -36,14 +36,10 @@ from onnax.core.attrs import const_ints, int_attr, ints_attr
 from onnax.core.batching import Batcher, refuse_batched
 from onnax.core.diagnostics import node_label, op_label
 from onnax.core.emit import Emitter
-from onnax.core.registry import batch_rules, jvp_rules, lowerings, transpose_rules
+from onnax.core.registry import Args, BatchResult, OpRules, Tangents
 from onnax.errors import UnsupportedOperatorError
-from onnax.rules._patterns import attributes_of
-from onnax.rules.conv import fold_batch, unfold_batch
-
-Tangents = Sequence[ir.Value | None]
-Args = Sequence[ir.Value | None]
-BatchResult = tuple[list[ir.Value | None], list[bool]]
+from onnax.rules._patterns import attributes_of, linear_unary_jvp
+from onnax.rules._windows import fold_batch, unfold_batch
 
 
 # ------------------------------------------------------------------------------- Col2Im
@@ -69,13 +65,11 @@ def _one_hot_kernel(em: Emitter, node: ir.Node, dtype: ir.DataType) -> ir.Value:
     return em.op("Reshape", [eye, em.op("Concat", [size, em.ints([1]), block], {"axis": 0})])
 
 
-def _col2im_jvp(em: Emitter, node: ir.Node, tangents: Tangents) -> list[ir.Value | None]:
-    t = tangents[0]
-    if t is None:
-        return [None]
-    return [em.op("Col2Im", [t, *node.inputs[1:]], attributes_of(node))]
+col2im = OpRules("Col2Im", since=18)
+col2im.jvp(linear_unary_jvp)  # linear in its input: Col2Im of the tangent
 
 
+@col2im.transpose
 def _col2im_transpose(
     em: Emitter, node: ir.Node, cts: Tangents, linear: Sequence[bool]
 ) -> list[ir.Value | None]:
@@ -95,6 +89,7 @@ def _col2im_transpose(
     return [em.op("Reshape", [patches, em.shape(x)]), None, None]
 
 
+@col2im.batch
 def _col2im_batch(bx: Batcher, node: ir.Node, args: Args, batched: Sequence[bool]) -> BatchResult:
     refuse_batched(bx, node, args, batched, {1: "image_shape", 2: "block_shape"})
     x, x0, y0 = args[0], node.inputs[0], node.outputs[0]
@@ -102,11 +97,6 @@ def _col2im_batch(bx: Batcher, node: ir.Node, args: Args, batched: Sequence[bool
     folded = fold_batch(bx, x, x0, 3)
     y = bx.op("Col2Im", [folded, *args[1:]], attributes_of(node))
     return [unfold_batch(bx, y, y0)], [True]
-
-
-jvp_rules.add("Col2Im", _col2im_jvp, since_version=18)
-transpose_rules.add("Col2Im", _col2im_transpose, since_version=18)
-batch_rules.add("Col2Im", _col2im_batch, since_version=18)
 
 
 # --------------------------------------------------------------------------- DeformConv
@@ -124,6 +114,10 @@ def _static(node: ir.Node, value: ir.Value | None, axes: Sequence[int], what: st
     return [int(d) for d in got]  # type: ignore[arg-type]
 
 
+deform_conv = OpRules("DeformConv", since=19)
+
+
+@deform_conv.lowering
 def deform_conv_lowering(em: Emitter, node: ir.Node) -> list[ir.Value | None]:
     """DeformConv (2-D) as bilinear sampling by GatherElements and a grouped MatMul."""
     x, w, offset = node.inputs[0], node.inputs[1], node.inputs[2]
@@ -214,7 +208,3 @@ def deform_conv_lowering(em: Emitter, node: ir.Node) -> list[ir.Value | None]:
     if bias is not None:
         y = em.op("Add", [y, em.op("Reshape", [bias, em.ints([m, 1, 1])])])
     return [y]
-
-
-for _v in (19, 22):
-    lowerings.add("DeformConv", deform_conv_lowering, since_version=_v)

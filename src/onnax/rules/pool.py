@@ -15,7 +15,7 @@
   re-deriving how the runtime counts. ``WindowSum`` is a depthwise Conv (``group = C``) with a
   kernel of ones (or, when the channel count is symbolic, a Conv of the channels folded into the
   batch), and its transpose the matching ConvTranspose (the window geometry with tight pads
-  comes from :mod:`onnax.rules.conv`).
+  comes from :mod:`onnax.rules._windows`).
 * **LpPool** ``y = (sum |x|^p)^(1/p)`` over each window: ``dy = y^(1-p) WindowSum(sign(x)
   |x|^(p-1) dx)``; where ``y == 0`` (an all-zero window, a kink for p = 1 and a singular point
   otherwise) the tangent is 0.
@@ -45,10 +45,10 @@ from onnax.core.attrs import const_ints, int_attr, ints_attr
 from onnax.core.batching import Batcher
 from onnax.core.diagnostics import node_label, op_label
 from onnax.core.emit import Emitter
-from onnax.core.registry import batch_rules, jvp_rules, transpose_rules
+from onnax.core.registry import Args, BatchResult, OpRules, Tangents
 from onnax.errors import UnsupportedOperatorError
-from onnax.rules._patterns import attributes_of
-from onnax.rules.conv import (
+from onnax.rules._patterns import attributes_of, linear_unary_jvp
+from onnax.rules._windows import (
     Param,
     Window,
     correlate,
@@ -65,17 +65,6 @@ from onnax.rules.conv import (
 
 __all__: list[str] = []
 
-Tangents = Sequence[ir.Value | None]
-Args = Sequence[ir.Value | None]
-BatchResult = tuple[list[ir.Value | None], list[bool]]
-
-_MAX_POOL = (8, 10, 11, 12, 22)
-_AVERAGE_POOL = (7, 10, 11, 19, 22)
-_LP_POOL = (2, 11, 18, 22)
-_GLOBAL = (1, 22)
-_GLOBAL_LP = (2, 22)
-_MAX_UNPOOL = (9, 11, 22)
-
 
 def _dtype(node: ir.Node, value: ir.Value) -> ir.DataType:
     if value.dtype is None:
@@ -90,6 +79,41 @@ def _io(node: ir.Node) -> tuple[ir.Value, ir.Value, int]:
     x, y = node.inputs[0], node.outputs[0]
     assert x is not None
     return x, y, rank_of(node, x, "input 'X'")
+
+
+# ------------------------------------------------------------------ batching (shared)
+def _batch_offsets(bx: Batcher, size: ir.Value, rank: int) -> ir.Value:
+    """``b * size`` for every example ``b``, shaped ``[B, 1, ..., 1]`` (``rank`` + 1 axes)."""
+    zero = bx.const(np.array(0, dtype=np.int64))
+    one = bx.const(np.array(1, dtype=np.int64))
+    count = bx.squeeze(bx.batch_size, [0])
+    examples = bx.op("Range", [zero, count, one])
+    shaped = bx.op("Reshape", [examples, bx.ints([-1] + [1] * rank)])
+    return bx.op("Mul", [shaped, size])
+
+
+def _example_size(bx: Batcher, arg: ir.Value, original: ir.Value) -> ir.Value:
+    """The number of elements of one example of a batched ``arg`` (1-element int64)."""
+    dims = original.shape.dims if original.shape is not None else None
+    if dims is not None and all(isinstance(d, int) for d in dims):
+        return bx.ints([int(np.prod([d for d in dims if isinstance(d, int)]))])
+    return bx.op("Div", [bx.op("Size", [arg]), bx.batch_size])
+
+
+def _pool_batch(bx: Batcher, node: ir.Node, args: Args, batched: Sequence[bool]) -> BatchResult:
+    """Every pooling operator: fold the batch into N; MaxPool's flat indices get unshifted."""
+    x, x0 = args[0], node.inputs[0]
+    assert x is not None and x0 is not None
+    rank = bx.rank(x0)
+    folded = fold_batch(bx, x, x0, rank)
+    outs = bx.op_multi(node.op_type, [folded], attributes_of(node), num_outputs=len(node.outputs))
+    results: list[ir.Value | None] = [
+        unfold_batch(bx, o, orig) for o, orig in zip(outs, node.outputs, strict=True)
+    ]
+    if node.op_type == "MaxPool" and len(results) > 1 and results[1] is not None:
+        offsets = _batch_offsets(bx, _example_size(bx, x, x0), rank)
+        results[1] = bx.op("Sub", [results[1], offsets])
+    return results, [True] * len(results)
 
 
 # ------------------------------------------------------------------------ window sums
@@ -216,7 +240,7 @@ def _taps_geometry(em: Emitter, node: ir.Node, x: ir.Value) -> _Taps | None:
 
 
 def _max_pool_taps_jvp(em: Emitter, x: ir.Value, y: ir.Value, t: ir.Value, geo: _Taps) -> ir.Value:
-    """MaxPool's tangent from the taps of its windows: see :func:`_max_pool_jvp`."""
+    """MaxPool's tangent from the taps of its windows: see :func:`_max_pool_tangent`."""
     dtype = x.dtype
     assert dtype is not None
     weights = em.const(_tap_kernel(geo.kernel, geo.channels, dtype))
@@ -271,7 +295,7 @@ def _max_pool_taps_jvp(em: Emitter, x: ir.Value, y: ir.Value, t: ir.Value, geo: 
     return em.op("Reshape", [picked, em.shape(y)])
 
 
-def _max_pool_jvp(em: Emitter, node: ir.Node, tangents: Tangents) -> list[ir.Value | None]:
+def _max_pool_tangent(em: Emitter, node: ir.Node, t: ir.Value) -> ir.Value:
     """MaxPool passes on the tangent of the element each window selected.
 
     With static sizes (planes below 2**24 elements) and channel count, the taps of every
@@ -287,16 +311,11 @@ def _max_pool_jvp(em: Emitter, node: ir.Node, tangents: Tangents) -> list[ir.Val
     ``Indices`` anyway, or sizes are symbolic, or the type is double, the selection is read
     from the ``Indices`` output (the node's, else a second MaxPool's).
     """
-    outs: list[ir.Value | None] = [None] * len(node.outputs)
-    t = tangents[0]
-    if t is None:
-        return outs
     x, y, _ = _io(node)
     own = len(node.outputs) > 1 and int_attr(node, "storage_order", 0) == 0
     geo = None if own else _taps_geometry(em, node, x)
     if geo is not None:
-        outs[0] = _max_pool_taps_jvp(em, x, y, t, geo)
-        return outs
+        return _max_pool_taps_jvp(em, x, y, t, geo)
     if own:
         indices = node.outputs[1]
     else:
@@ -308,24 +327,21 @@ def _max_pool_jvp(em: Emitter, node: ir.Node, tangents: Tangents) -> list[ir.Val
     local = em.op("Mod", [em.op("Reshape", [indices, _flat_target(em, y)]), plane])
     flat = em.op("Reshape", [t, _flat_target(em, x)])
     picked = em.op("GatherElements", [flat, local], {"axis": 2})
-    outs[0] = em.op("Reshape", [picked, em.shape(y)])
-    return outs
+    return em.op("Reshape", [picked, em.shape(y)])
 
 
-for _v in _MAX_POOL:
-    jvp_rules.add("MaxPool", _max_pool_jvp, since_version=_v)
+max_pool = OpRules("MaxPool", since=8)
+max_pool.defjvp(_max_pool_tangent)  # the Indices output gets no tangent
+max_pool.batch(_pool_batch)
 
 
 # ------------------------------------------------------------------------ AveragePool
-def _linear_jvp(em: Emitter, node: ir.Node, tangents: Tangents) -> list[ir.Value | None]:
-    """The operator applied to the tangent of its first input (the others are shared)."""
-    t = tangents[0]
-    if t is None:
-        return [None] * len(node.outputs)
-    inputs = [t, *node.inputs[1:]]
-    return [em.op(node.op_type, inputs, attributes_of(node))]
+average_pool = OpRules("AveragePool", since=7)
+average_pool.jvp(linear_unary_jvp)  # linear: AveragePool of the tangent
+average_pool.batch(_pool_batch)
 
 
+@average_pool.transpose
 def _average_pool_transpose(
     em: Emitter, node: ir.Node, cts: Tangents, linear: Sequence[bool]
 ) -> list[ir.Value | None]:
@@ -348,11 +364,6 @@ def _average_pool_transpose(
     single = em.op("Reshape", [scaled, int_vector(em, [-1, 1, *win.size_out])])
     spread = correlate_adjoint(em, single, kernel, win, 1, rank)
     return [em.op("Reshape", [spread, em.shape(x)])]
-
-
-for _v in _AVERAGE_POOL:
-    jvp_rules.add("AveragePool", _linear_jvp, since_version=_v)
-    transpose_rules.add("AveragePool", _average_pool_transpose, since_version=_v)
 
 
 # ----------------------------------------------------------------------------- LpPool
@@ -380,63 +391,63 @@ def _lp_coefficients(
     return coef_x, inv
 
 
-def _lp_pool_jvp(em: Emitter, node: ir.Node, tangents: Tangents) -> list[ir.Value | None]:
-    t = tangents[0]
-    if t is None:
-        return [None]
+def _lp_pool_tangent(em: Emitter, node: ir.Node, t: ir.Value) -> ir.Value:
     x, y, rank = _io(node)
     dtype = _dtype(node, x)
     coef_x, inv = _lp_coefficients(em, x, y, _p(node), dtype)
     summed = _window_sum(em, em.op("Mul", [t, coef_x]), x, y, pool_window(em, node), rank)
-    return [summed if inv is None else em.op("Mul", [summed, inv])]
+    return summed if inv is None else em.op("Mul", [summed, inv])
 
 
-for _v in _LP_POOL:
-    jvp_rules.add("LpPool", _lp_pool_jvp, since_version=_v)
+lp_pool = OpRules("LpPool", since=2)
+lp_pool.defjvp(_lp_pool_tangent)
+lp_pool.batch(_pool_batch)
 
 
 # ------------------------------------------------------------------------ global pools
-def _global_average_pool_jvp(
-    em: Emitter, node: ir.Node, tangents: Tangents
-) -> list[ir.Value | None]:
-    t = tangents[0]
-    if t is None:
-        return [None]
+def _global_average_pool_tangent(em: Emitter, node: ir.Node, t: ir.Value) -> ir.Value:
     _, _, rank = _io(node)
-    return [em.reduce("ReduceMean", t, list(range(2, rank)), keepdims=True)]
+    return em.reduce("ReduceMean", t, list(range(2, rank)), keepdims=True)
 
 
-def _global_max_pool_jvp(em: Emitter, node: ir.Node, tangents: Tangents) -> list[ir.Value | None]:
-    t = tangents[0]
-    if t is None:
-        return [None]
+global_average_pool = OpRules("GlobalAveragePool")
+global_average_pool.defjvp(_global_average_pool_tangent)
+global_average_pool.batch(_pool_batch)
+
+
+def _global_max_pool_tangent(em: Emitter, node: ir.Node, t: ir.Value) -> ir.Value:
     x, y, rank = _io(node)
     dtype = _dtype(node, x)
     axes = list(range(2, rank))
     mask = em.op("Cast", [em.op("Equal", [x, y])], {"to": dtype})
     share = em.op("Div", [mask, em.reduce_sum(mask, axes, keepdims=True)])
-    return [em.reduce_sum(em.op("Mul", [t, share]), axes, keepdims=True)]
+    return em.reduce_sum(em.op("Mul", [t, share]), axes, keepdims=True)
 
 
-def _global_lp_pool_jvp(em: Emitter, node: ir.Node, tangents: Tangents) -> list[ir.Value | None]:
-    t = tangents[0]
-    if t is None:
-        return [None]
+global_max_pool = OpRules("GlobalMaxPool")
+global_max_pool.defjvp(_global_max_pool_tangent)
+global_max_pool.batch(_pool_batch)
+
+
+def _global_lp_pool_tangent(em: Emitter, node: ir.Node, t: ir.Value) -> ir.Value:
     x, y, rank = _io(node)
     dtype = _dtype(node, x)
     coef_x, inv = _lp_coefficients(em, x, y, _p(node), dtype)
     coef = coef_x if inv is None else em.op("Mul", [coef_x, inv])
-    return [em.reduce_sum(em.op("Mul", [t, coef]), list(range(2, rank)), keepdims=True)]
+    return em.reduce_sum(em.op("Mul", [t, coef]), list(range(2, rank)), keepdims=True)
 
 
-for _v in _GLOBAL:
-    jvp_rules.add("GlobalAveragePool", _global_average_pool_jvp, since_version=_v)
-    jvp_rules.add("GlobalMaxPool", _global_max_pool_jvp, since_version=_v)
-for _v in _GLOBAL_LP:
-    jvp_rules.add("GlobalLpPool", _global_lp_pool_jvp, since_version=_v)
+global_lp_pool = OpRules("GlobalLpPool", since=2)
+global_lp_pool.defjvp(_global_lp_pool_tangent)
+global_lp_pool.batch(_pool_batch)
 
 
 # -------------------------------------------------------------------------- MaxUnpool
+max_unpool = OpRules("MaxUnpool", since=9)
+max_unpool.jvp(linear_unary_jvp)  # linear in X: MaxUnpool of the tangent, same indices
+
+
+@max_unpool.transpose
 def _max_unpool_transpose(
     em: Emitter, node: ir.Node, cts: Tangents, linear: Sequence[bool]
 ) -> list[ir.Value | None]:
@@ -450,58 +461,6 @@ def _max_unpool_transpose(
     # Gather along a 1-D tensor returns the indices' shape, which is X's.
     results[0] = em.op("Gather", [flat, indices], {"axis": 0})
     return results
-
-
-for _v in _MAX_UNPOOL:
-    jvp_rules.add("MaxUnpool", _linear_jvp, since_version=_v)
-    transpose_rules.add("MaxUnpool", _max_unpool_transpose, since_version=_v)
-
-
-# ------------------------------------------------------------------------ batch rules
-def _batch_offsets(bx: Batcher, size: ir.Value, rank: int) -> ir.Value:
-    """``b * size`` for every example ``b``, shaped ``[B, 1, ..., 1]`` (``rank`` + 1 axes)."""
-    zero = bx.const(np.array(0, dtype=np.int64))
-    one = bx.const(np.array(1, dtype=np.int64))
-    count = bx.squeeze(bx.batch_size, [0])
-    examples = bx.op("Range", [zero, count, one])
-    shaped = bx.op("Reshape", [examples, bx.ints([-1] + [1] * rank)])
-    return bx.op("Mul", [shaped, size])
-
-
-def _example_size(bx: Batcher, arg: ir.Value, original: ir.Value) -> ir.Value:
-    """The number of elements of one example of a batched ``arg`` (1-element int64)."""
-    dims = original.shape.dims if original.shape is not None else None
-    if dims is not None and all(isinstance(d, int) for d in dims):
-        return bx.ints([int(np.prod([d for d in dims if isinstance(d, int)]))])
-    return bx.op("Div", [bx.op("Size", [arg]), bx.batch_size])
-
-
-def _pool_batch(bx: Batcher, node: ir.Node, args: Args, batched: Sequence[bool]) -> BatchResult:
-    """Every pooling operator: fold the batch into N; MaxPool's flat indices get unshifted."""
-    x, x0 = args[0], node.inputs[0]
-    assert x is not None and x0 is not None
-    rank = bx.rank(x0)
-    folded = fold_batch(bx, x, x0, rank)
-    outs = bx.op_multi(node.op_type, [folded], attributes_of(node), num_outputs=len(node.outputs))
-    results: list[ir.Value | None] = [
-        unfold_batch(bx, o, orig) for o, orig in zip(outs, node.outputs, strict=True)
-    ]
-    if node.op_type == "MaxPool" and len(results) > 1 and results[1] is not None:
-        offsets = _batch_offsets(bx, _example_size(bx, x, x0), rank)
-        results[1] = bx.op("Sub", [results[1], offsets])
-    return results, [True] * len(results)
-
-
-for _op, _versions in (
-    ("MaxPool", _MAX_POOL),
-    ("AveragePool", _AVERAGE_POOL),
-    ("LpPool", _LP_POOL),
-    ("GlobalAveragePool", _GLOBAL),
-    ("GlobalMaxPool", _GLOBAL),
-    ("GlobalLpPool", _GLOBAL_LP),
-):
-    for _v in _versions:
-        batch_rules.add(_op, _pool_batch, since_version=_v)
 
 
 def _unpool_example_shape(
@@ -532,6 +491,7 @@ def _unpool_example_shape(
     return int_vector(bx, [*lead, *sizes])
 
 
+@max_unpool.batch
 def _max_unpool_batch(
     bx: Batcher, node: ir.Node, args: Args, batched: Sequence[bool]
 ) -> BatchResult:
@@ -570,7 +530,3 @@ def _max_unpool_batch(
         attributes_of(node),
     )
     return [unfold_batch(bx, out, node.outputs[0])], [True]
-
-
-for _v in _MAX_UNPOOL:
-    batch_rules.add("MaxUnpool", _max_unpool_batch, since_version=_v)
