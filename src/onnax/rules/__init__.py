@@ -22,6 +22,8 @@ FAMILIES = (
     "zero",
     "random",
     "norm",
+    "batchnorm",
+    "lrn",
     "conv",
     "pool",
     "scans",
