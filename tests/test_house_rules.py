@@ -24,7 +24,6 @@ OVERSIZED: dict[str, str] = {
     "rules/linalg.py": "to be split (rule-layer redesign)",
     "rules/control_flow.py": "to be split (rule-layer redesign)",
     "rules/zero.py": "to be split (rule-layer redesign)",
-    "rules/reduce.py": "to be split (rule-layer redesign)",
     "cli.py": "to be split (rule-layer redesign)",
 }
 # Rule modules not yet moved to the OpRules form (rule-layer redesign).
@@ -46,7 +45,6 @@ OLD_FORM: set[str] = {
     "onnax.rules.quant",
     "onnax.rules.random",
     "onnax.rules.recurrent",
-    "onnax.rules.reduce",
     "onnax.rules.resample",
     "onnax.rules.resize",
     "onnax.rules.roi",

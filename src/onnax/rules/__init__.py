@@ -17,6 +17,7 @@ FAMILIES = (
     "activations",
     "linalg",
     "reduce",
+    "softmax",
     "shape",
     "indexing",
     "zero",
