@@ -48,7 +48,6 @@ OLD_FORM: set[str] = {
     "onnax.rules.resample",
     "onnax.rules.resize",
     "onnax.rules.roi",
-    "onnax.rules.scans",
     "onnax.rules.sequence",
     "onnax.rules.shape",
     "onnax.rules.spectral",
