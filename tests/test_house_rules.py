@@ -40,7 +40,6 @@ OLD_FORM: set[str] = {
     "onnax.rules.im2col",
     "onnax.rules.indexing",
     "onnax.rules.linalg",
-    "onnax.rules.losses",
     "onnax.rules.pool",
     "onnax.rules.quant",
     "onnax.rules.random",
