@@ -3,7 +3,7 @@
 Neither operator has a rule of its own: expansion (onnax.passes.expand) inlines their
 context-dependent ONNX function bodies, whose primitives' rules give jvp, vjp and vmap. A row of
 scores whose mask hides every key is ``-inf`` throughout; its softmax is NaN and the body zeroes
-it with a ``Where``, and the Softmax rules (onnax.rules.reduce) keep that NaN out of the
+it with a ``Where``, and the Softmax rules (onnax.rules.softmax) keep that NaN out of the
 derivative (``test_fully_masked_row_has_zero_cotangent``).
 
 Attention: 4-D and 3-D inputs, grouped-query heads (kv_num_heads < q_num_heads) with a value

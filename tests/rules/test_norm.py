@@ -1,26 +1,24 @@
-"""Normalization operators (rules in onnax.rules.norm).
+"""Normalization operators over axes of each example (rules in onnax.rules.norm).
 
 Every case has a symbolic batch dimension N and is differentiated in all its floating-point
-inputs (BatchNormalization also in mean and var). Opsets straddle the schema changes:
-BatchNormalization 9/14/15, InstanceNormalization 6/22, GroupNormalization 18/21 (per-group to
-per-channel scale), LpNormalization 1/22, MeanVarianceNormalization 9/13, LRN 1/13.
+inputs. Opsets straddle the schema changes: InstanceNormalization 6/22, GroupNormalization 18/21
+(per-group to per-channel scale), LpNormalization 1/22, MeanVarianceNormalization 9/13.
 
 Double is tested wherever onnxruntime 1.32 runs it at double precision. Float only, because:
 
-* InstanceNormalization, LRN and MeanVarianceNormalization have no double kernel (MVN-13's
-  function body adds a float epsilon to a double, which fails to type-check);
+* InstanceNormalization and MeanVarianceNormalization have no double kernel (MVN-13's function
+  body adds a float epsilon to a double, which fails to type-check);
 * LayerNormalization's Mean/InvStdDev outputs are float32 (type U) even for a double X: double
   finite differences (eps 1e-6) of float32 values are noise, so the cases with those outputs are
   float (double LayerNorm with only Y is tested);
 * GroupNormalization-21 with the default stash_type=1 computes in float32; its double case sets
   stash_type=11 (valid for float too).
 
-onnxruntime's LRN needs a 4-D input and an odd size.
-
 vmap is checked on every case (all inputs batched at 0, 1, -1; only X batched, which folds the
 batch or shifts the axis; X shared with batched parameters, which takes the elementwise affine
 path), and on the jvp/vjp models of a selection. Second order (jvp of the vjp model) is checked
-for every operator.
+for every operator. The helpers of those checks serve test_batchnorm and test_lrn too, and the
+graph-shape and float-only second-order checks here cover their operators alongside.
 
 GroupNormalization-18 is deprecated in onnx 1.23, whose checker rejects it (so onnax refuses such
 models before any rule runs); onnxruntime still runs it. To check the rule kept for it, this module
@@ -29,7 +27,7 @@ lets the checker pass that one deprecation (``_tolerate_deprecated_group_norm``)
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 
 import numpy as np
 import onnx
@@ -38,7 +36,7 @@ import onnx_ir as ir
 import pytest
 
 import onnax
-from cases import Case, away_from_zero, case_id, parametrize, positive, run_case, run_vmap_case
+from cases import Case, away_from_zero, case_id, parametrize, run_case, run_vmap_case
 from onnax.errors import UnsupportedOperatorError
 from oracles import check_jvp, check_vmap, run
 
@@ -67,38 +65,7 @@ def moderate(rng: np.random.Generator, shape: tuple[int, ...], dtype: np.dtype) 
     return rng.uniform(-2.0, 2.0, shape).astype(dtype)
 
 
-BN_FILL = {"X": moderate, "var": positive}
-BN_IN = "{T}[N, 3, 2, 2] X, {T}[3] scale, {T}[3] B, {T}[3] mean, {T}[3] var"
-
 CASES = [
-    # ---------------------------------------------------------------- BatchNormalization
-    Case(
-        "BatchNorm-9",
-        f"g ({BN_IN}) => ({{T}}[N, 3, 2, 2] Y) {{ Y = BatchNormalization<epsilon=0.01>(X, scale, B, mean, var) }}",
-        opsets=(11, 13),
-        fill=BN_FILL,
-    ),
-    Case(
-        "BatchNorm-rank2",
-        "g ({T}[N, 3] X, {T}[3] scale, {T}[3] B, {T}[3] mean, {T}[3] var) => ({T}[N, 3] Y) "
-        "{ Y = BatchNormalization(X, scale, B, mean, var) }",
-        opsets=(14,),
-        fill=BN_FILL,
-    ),
-    Case(
-        "BatchNorm-15",
-        "g ({T}[N, 3, 4] X, {T}[3] scale, {T}[3] B, {T}[3] mean, {T}[3] var) => ({T}[N, 3, 4] Y) "
-        "{ Y = BatchNormalization<training_mode=0, epsilon=0.001>(X, scale, B, mean, var) }",
-        opsets=(15, 21),
-        fill=BN_FILL,
-    ),
-    Case(
-        "BatchNorm-params-only",
-        f"g ({BN_IN}) => ({{T}}[N, 3, 2, 2] Y) {{ Y = BatchNormalization(X, scale, B, mean, var) }}",
-        opsets=(15,),
-        fill=BN_FILL,
-        inputs=["B", "var"],
-    ),
     # ---------------------------------------------------------------- LayerNormalization
     Case(
         "LayerNorm-last",
@@ -225,29 +192,6 @@ CASES = [
         fill={"X": moderate},
         dtypes=FLOAT,
     ),
-    # ---------------------------------------------------------------------------------- LRN
-    Case(
-        "LRN-size3",
-        "g ({T}[N, 4, 2, 2] X) => ({T}[N, 4, 2, 2] Y) "
-        "{ Y = LRN<size=3, alpha=0.6, beta=0.75, bias=1.5>(X) }",
-        opsets=(11, 13),
-        dtypes=FLOAT,
-    ),
-    Case(
-        # A window wider than the channels, and a symbolic channel count (Slice bounds
-        # counted from the end; the transposes scatter instead of padding).
-        "LRN-size5-symbolic-C",
-        "g ({T}[N, C, 2, 1] X) => ({T}[N, C, 2, 1] Y) { Y = LRN<size=5, alpha=0.8, beta=0.5>(X) }",
-        opsets=(13,),
-        dims={"C": 3},
-        dtypes=FLOAT,
-    ),
-    Case(
-        "LRN-size1",
-        "g ({T}[N, 2, 2, 2] X) => ({T}[N, 2, 2, 2] Y) { Y = LRN<size=1, alpha=0.5>(X) }",
-        opsets=(13,),
-        dtypes=FLOAT,
-    ),
 ]
 
 
@@ -256,27 +200,22 @@ def test_rule(case: Case, dtype: str, opset: int) -> None:
     run_case(case, dtype, opset)
 
 
-def _vmap_params() -> list[tuple[Case, str, int]]:
+def vmap_params(cases: Sequence[Case]) -> list[tuple[Case, str, int]]:
     """Each case at each of its opsets, alternating dtypes where the case has both."""
     params, k = [], 0
-    for c in CASES:
+    for c in cases:
         for o in c.opsets:
             params.append((c, c.dtypes[k % len(c.dtypes)], o))
             k += 1
     return params
 
 
-@pytest.mark.parametrize(("case", "dtype", "opset"), _vmap_params(), ids=case_id)
-def test_vmap(case: Case, dtype: str, opset: int) -> None:
-    run_vmap_case(case, dtype, opset)
+def shared_data_params(cases: Sequence[Case]) -> list[tuple[Case, str, int]]:
+    """:func:`vmap_params` of the cases with parameters besides the data."""
+    return [p for p in vmap_params(cases) if len(p[0].model(p[1], p[2]).graph.inputs) > 1]
 
 
-@pytest.mark.parametrize(
-    ("case", "dtype", "opset"),
-    [p for p in _vmap_params() if len(p[0].model(p[1], p[2]).graph.inputs) > 1],
-    ids=case_id,
-)
-def test_vmap_shared_data(case: Case, dtype: str, opset: int) -> None:
+def check_vmap_shared_data(case: Case, dtype: str, opset: int) -> None:
     """The data shared, the parameters batched (a per-example scale/bias/mean/var)."""
     model = case.model(dtype, opset)
     feeds = case.feeds(model)
@@ -287,11 +226,27 @@ def test_vmap_shared_data(case: Case, dtype: str, opset: int) -> None:
     check_vmap(model, feeds, in_axes={last: -1})
 
 
+@pytest.mark.parametrize(("case", "dtype", "opset"), vmap_params(CASES), ids=case_id)
+def test_vmap(case: Case, dtype: str, opset: int) -> None:
+    run_vmap_case(case, dtype, opset)
+
+
+@pytest.mark.parametrize(("case", "dtype", "opset"), shared_data_params(CASES), ids=case_id)
+def test_vmap_shared_data(case: Case, dtype: str, opset: int) -> None:
+    """The data shared, the parameters batched (a per-example scale/bias)."""
+    check_vmap_shared_data(case, dtype, opset)
+
+
 def _case(name: str) -> Case:
-    return next(c for c in [*CASES, *TRAINING_CASES] if c.name == name)
+    # BatchNormalization's and LRN's cases live in their own test modules, which import this one.
+    from rules.test_batchnorm import CASES as BATCH_NORM_CASES
+    from rules.test_lrn import CASES as LRN_CASES
+
+    return next(c for c in [*CASES, *BATCH_NORM_CASES, *LRN_CASES] if c.name == name)
 
 
-def _ops(model: ir.Model) -> list[str]:
+def ops_of(model: ir.Model) -> list[str]:
+    """The operator of each node of the main graph, in order."""
     return [n.op_type for n in model.graph]
 
 
@@ -307,7 +262,7 @@ def test_vmap_folds_or_shifts() -> None:
     ]:
         model = _case(name).model("float", opset)
         axes = {v.name: (0 if i == 0 else None) for i, v in enumerate(model.graph.inputs)}
-        ops = _ops(onnax.vmap(model, in_axes=axes))
+        ops = ops_of(onnax.vmap(model, in_axes=axes))
         assert ops.count(op) == 1, (name, ops)
     vm = onnax.vmap(_case("LayerNorm-axis1-noB").model("float", 18), in_axes={"X": 0, "S": None})
     (node,) = [n for n in vm.graph if n.op_type == "LayerNormalization"]
@@ -319,7 +274,7 @@ def test_layer_norm_tangent_uses_ordinary_operators() -> None:
     the only LayerNormalization left is the primal one."""
     model = _case("LayerNorm-stats").model("float", 17)
     jm = onnax.jvp(model)
-    ops = set(_ops(jm))
+    ops = set(ops_of(jm))
     assert ops <= {
         "LayerNormalization",
         "ReduceMean",
@@ -331,13 +286,11 @@ def test_layer_norm_tangent_uses_ordinary_operators() -> None:
         "Neg",
         "Constant",
     }, ops
-    assert _ops(jm).count("LayerNormalization") == 1
+    assert ops_of(jm).count("LayerNormalization") == 1
 
 
 # ------------------------------------------------------------------------- second order
 SECOND_ORDER = [
-    ("BatchNorm-9", 11),
-    ("BatchNormTrain-stats", 15),
     ("LayerNorm-last", 17),
     ("GroupNorm-18", 18),
     ("GroupNorm-21", 21),
@@ -347,10 +300,8 @@ SECOND_ORDER = [
 ]
 
 
-@pytest.mark.parametrize(("name", "opset"), SECOND_ORDER, ids=[f"{n}-{o}" for n, o in SECOND_ORDER])
-def test_second_order(name: str, opset: int) -> None:
+def check_second_order(case: Case, opset: int) -> None:
     """jvp of the vjp model (a Hessian-vector product) against its differences."""
-    case = _case(name)
     model = case.model("double", opset)
     feeds = case.feeds(model)
     inputs = [v.name for v in model.graph.inputs]
@@ -360,6 +311,12 @@ def test_second_order(name: str, opset: int) -> None:
         shape = [d if isinstance(d, int) else 3 for d in seed.shape.dims]
         feeds[seed.name] = rng.standard_normal(shape)
     check_jvp(vm, feeds, inputs)
+
+
+@pytest.mark.parametrize(("name", "opset"), SECOND_ORDER, ids=[f"{n}-{o}" for n, o in SECOND_ORDER])
+def test_second_order(name: str, opset: int) -> None:
+    """jvp of the vjp model (a Hessian-vector product) against its differences."""
+    check_second_order(_case(name), opset)
 
 
 def test_second_order_float_only_ops() -> None:
@@ -378,7 +335,6 @@ def test_second_order_float_only_ops() -> None:
 
 # ------------------------------------------------------------------------- vmap of derivatives
 DERIVATIVES = [
-    ("BatchNorm-15", 15, "double"),
     ("LayerNorm-last", 17, "double"),
     ("GroupNorm-18", 18, "double"),
     ("GroupNorm-21-rank3", 22, "double"),
@@ -386,12 +342,13 @@ DERIVATIVES = [
     ("RMSNorm-last", 23, "double"),
     ("LpNorm-p1-last", 13, "double"),
     ("MVN-default", 13, "float"),
-    ("LRN-size3", 13, "float"),
 ]
 
 
-def _derived(name: str, opset: int, dtype: str, mode: str) -> tuple[ir.Model, dict, list[ir.Value]]:
-    case = _case(name)
+def derived_model(
+    case: Case, opset: int, dtype: str, mode: str
+) -> tuple[ir.Model, dict, list[ir.Value]]:
+    """The jvp or vjp model of the case, its feeds (with random tangents/seeds) and those inputs."""
     model = case.model(dtype, opset)
     feeds = case.feeds(model)
     derived = onnax.jvp(model) if mode == "jvp" else onnax.vjp(model)
@@ -410,7 +367,7 @@ def _derived(name: str, opset: int, dtype: str, mode: str) -> tuple[ir.Model, di
 )
 def test_vmap_of_derivatives(name: str, opset: int, dtype: str, mode: str) -> None:
     """vmap of the jvp/vjp models with every input batched."""
-    derived, feeds, _ = _derived(name, opset, dtype, mode)
+    derived, feeds, _ = derived_model(_case(name), opset, dtype, mode)
     check_vmap(derived, feeds, in_axes=0)
 
 
@@ -420,91 +377,11 @@ def test_vmap_of_derivatives(name: str, opset: int, dtype: str, mode: str) -> No
 )
 def test_vmap_of_derivatives_seeds_only(name: str, opset: int, dtype: str, mode: str) -> None:
     """vmap of the jvp/vjp models over the tangents/seeds alone (rows of a Jacobian)."""
-    derived, feeds, extra = _derived(name, opset, dtype, mode)
+    derived, feeds, extra = derived_model(_case(name), opset, dtype, mode)
     check_vmap(derived, feeds, in_axes={v.name: -1 for v in extra})
 
 
-# ------------------------------------------------------------------------- training mode
-# vmap takes each example's statistics over its own batch: checked against a loop of runs.
-TRAINING_CASES = [
-    Case(
-        "BatchNormTrain-Y",
-        f"g ({BN_IN}) => ({{T}}[N, 3, 2, 2] Y) "
-        "{ Y, RM, RV = BatchNormalization<training_mode=1, epsilon=0.01>(X, scale, B, mean, var) }",
-        opsets=(14, 15, 21),
-        fill=BN_FILL,
-    ),
-    Case(
-        # The running statistics depend on X (through the batch's mean and variance) and on
-        # input_mean / input_var; Y does not depend on the latter in training mode.
-        "BatchNormTrain-stats",
-        f"g ({BN_IN}) => ({{T}}[N, 3, 2, 2] Y, {{T}}[3] RM, {{T}}[3] RV) "
-        "{ Y, RM, RV = BatchNormalization<training_mode=1, momentum=0.7>(X, scale, B, mean, var) }",
-        opsets=(14, 15),
-        fill=BN_FILL,
-    ),
-    Case(
-        "BatchNormTrain-rank2-var-only",
-        "g ({T}[N, 3] X, {T}[3] scale, {T}[3] B, {T}[3] mean, {T}[3] var) => ({T}[3] RV) "
-        "{ Y, RM, RV = BatchNormalization<training_mode=1>(X, scale, B, mean, var) }",
-        opsets=(15,),
-        fill=BN_FILL,
-        dims={"N": 4},
-    ),
-]
-
-
-@pytest.mark.parametrize(("case", "dtype", "opset"), parametrize(TRAINING_CASES), ids=case_id)
-def test_batch_norm_training(case: Case, dtype: str, opset: int) -> None:
-    """Training mode: batch statistics, differentiated through, and the running statistics."""
-    run_case(case, dtype, opset)
-
-
-@pytest.mark.parametrize(("case", "dtype", "opset"), parametrize(TRAINING_CASES), ids=case_id)
-def test_batch_norm_training_vmap(case: Case, dtype: str, opset: int) -> None:
-    run_vmap_case(case, dtype, opset)
-    # Shared data with per-example parameters and running statistics.
-    model = case.model(dtype, opset)
-    check_vmap(model, case.feeds(model), in_axes={"X": None, "scale": 0, "mean": 0, "var": 0})
-
-
 # ------------------------------------------------------------------------- refusals
-BN_TRAINING = [
-    (
-        "outputs",
-        11,
-        "g (float[N, 3] X, float[3] s, float[3] b, float[3] m, float[3] v) => (float[N, 3] Y, "
-        "float[3] M, float[3] V, float[3] SM, float[3] SV) "
-        "{ Y, M, V, SM, SV = BatchNormalization(X, s, b, m, v) }",
-        "'M', 'V', 'SM', 'SV'",
-        ("jvp", "vjp", "vmap"),
-    ),
-]
-
-
-@pytest.mark.parametrize(
-    ("kind", "opset", "text", "what", "refused"), BN_TRAINING, ids=[k[0] for k in BN_TRAINING]
-)
-def test_batch_norm_training_is_refused(
-    kind: str, opset: int, text: str, what: str, refused: tuple[str, ...]
-) -> None:
-    model = ir.from_onnx_text(f'<ir_version: 10, opset_import: ["" : {opset}]>\n{text}')
-    calls = {
-        "jvp": lambda: onnax.jvp(model, ["X"]),
-        "vjp": lambda: onnax.vjp(model, ["X"]),
-        "vmap": lambda: onnax.vmap(model, in_axes={"X": 0}),
-    }
-    for transform in refused:
-        with pytest.raises(UnsupportedOperatorError) as err:
-            calls[transform]()
-        message = str(err.value)
-        assert message.startswith(f"{transform}:"), message
-        assert "ai.onnx::BatchNormalization" in message and f"at opset {opset}" in message
-        assert "'Y'" in message and what in message
-        assert "inference" in message and "model.eval()" in message
-        assert "opset 14" in message, message
-
-
 def test_lp_norm_other_p_is_refused() -> None:
     model = ir.from_onnx_text(
         '<ir_version: 10, opset_import: ["" : 22]>\n'
@@ -559,19 +436,3 @@ def test_layer_norm_double_stats_are_cast() -> None:
     np.testing.assert_allclose(dmean, t.mean(axis=(1, 2), keepdims=True), rtol=1e-5, atol=1e-6)
     expected = -(inv**2) * (xhat * t).mean(axis=(1, 2), keepdims=True)
     np.testing.assert_allclose(dinv, expected, rtol=1e-5, atol=1e-6)
-
-
-@pytest.mark.parametrize("mode", ["jvp", "vjp"])
-def test_batch_norm_mixed_element_types_build(mode: str) -> None:
-    """BatchNormalization-15 allows scale/bias and mean/var of other element types than X.
-    onnxruntime has no such float/double kernel, so only the derivative models are checked
-    (onnx.checker with full shape inference): the parameters and their tangents are cast."""
-    text = (
-        '<ir_version: 10, opset_import: ["" : 15]>\n'
-        "g (float[N, 3, 2] X, double[3] s, double[3] b, double[3] m, double[3] v) "
-        "=> (float[N, 3, 2] Y) { Y = BatchNormalization(X, s, b, m, v) }"
-    )
-    model = ir.from_onnx_text(text)
-    derived = onnax.jvp(model) if mode == "jvp" else onnax.vjp(model)
-    onnx.checker.check_model(ir.to_proto(derived), full_check=True)
-    assert "Cast" in _ops(derived)

@@ -1,4 +1,4 @@
-"""Reductions, Softmax and LogSoftmax (rules in onnax.rules.reduce).
+"""Reductions (rules in onnax.rules.reduce; Softmax and LogSoftmax are in test_softmax).
 
 Every reduction is checked on a ``[N, 2, 3]`` input (N symbolic) with the axes given the ways the
 schemas allow: as an attribute (opsets 11, 13, 17; ReduceSum only before 13), and from 13
@@ -10,6 +10,8 @@ kernels for all of them, so both dtypes are tested everywhere.
 vmap is checked on the same cases (rank-0 results not lifted), each case at each of its opsets
 in float or double alternately, plus rank-0 inputs, values of unknown rank and the refusal of
 batched axes; vmap of the jvp and vjp models skips while another module's batch rule is missing.
+Some cases chain a Softmax with reductions; the second-order and vmap-of-derivatives checks
+serve test_softmax too.
 """
 
 from __future__ import annotations
@@ -182,25 +184,6 @@ CASES += [
 ]
 
 
-def softmax(op: str, axis: int | None, opsets: Sequence[int], dims: str = "N, 3, 4") -> Case:
-    attr = "" if axis is None else f"<axis={axis}>"
-    text = f"g ({{T}}[{dims}] X) => ({{T}}[{dims}] Y) {{ Y = {op}{attr}(X) }}"
-    return Case(f"{op}-axis{axis}-{dims.replace(', ', 'x')}", text, opsets=opsets)
-
-
-for _op in ("Softmax", "LogSoftmax"):
-    CASES += [
-        # Before 13: normalised over the flattened block axis..rank-1.
-        softmax(_op, 1, (11, 12)),
-        softmax(_op, None, (11,)),  # default axis 1
-        softmax(_op, -2, (12,)),
-        # From 13: along one axis (default -1).
-        softmax(_op, 1, (13, 18, 21)),
-        softmax(_op, -1, (13, 21)),
-        softmax(_op, None, (18,)),
-        softmax(_op, 0, (21,)),  # along the symbolic axis
-    ]
-
 # A chain where a reduction feeds another, so that transposes meet non-input tangents.
 CASES += [
     Case(
@@ -265,15 +248,12 @@ SECOND_ORDER = [
     ("ReduceL2-const--1,0-k0-n0", 21),
     ("ReduceLogSum-attr--1,0-k1-n0", 11),
     ("ReduceLogSumExp-input--1-k0-n0", 18),
-    ("Softmax-axis1-Nx3x4", 11),
-    ("LogSoftmax-axis-1-Nx3x4", 13),
     ("chain-mean-input", 18),
 ]
 
 
-@pytest.mark.parametrize(("name", "opset"), SECOND_ORDER, ids=[f"{n}-{o}" for n, o in SECOND_ORDER])
-def test_second_order(name: str, opset: int) -> None:
-    case = next(c for c in CASES if c.name == name)
+def check_second_order(case: Case, opset: int) -> None:
+    """jvp of the vjp model in X (a Hessian-vector product) against its differences."""
     model = case.model("double", opset)
     feeds = case.feeds(model)
     vm = onnax.vjp(model, ["X"])
@@ -282,6 +262,11 @@ def test_second_order(name: str, opset: int) -> None:
         shape = [d if isinstance(d, int) else 3 for d in seed.shape.dims]
         feeds[seed.name] = rng.standard_normal(shape)
     check_jvp(vm, feeds, ["X"])
+
+
+@pytest.mark.parametrize(("name", "opset"), SECOND_ORDER, ids=[f"{n}-{o}" for n, o in SECOND_ORDER])
+def test_second_order(name: str, opset: int) -> None:
+    check_second_order(next(c for c in CASES if c.name == name), opset)
 
 
 # ------------------------------------------------------------------------------- ties and kinks
@@ -353,34 +338,6 @@ def test_reduction_of_an_empty_set_has_a_zero_tangent(op: str) -> None:
         assert ct.shape == (2, 0, 4)
 
 
-@pytest.mark.parametrize("op", ["Softmax", "LogSoftmax"])
-@pytest.mark.parametrize("dtype", ["float", "double"])
-def test_fully_masked_softmax_row_gives_zero_not_nan(op: str, dtype: str) -> None:
-    """A row that is entirely -inf (attention with every key masked) has a NaN softmax, which the
-    model then discards with a Where; the derivatives must stay finite (0 there) and agree with
-    finite differences elsewhere. The mask is an additive bias, as in Attention, so that the
-    cotangent of X is the softmax's own (a Where on X would hide a NaN behind its mask)."""
-    text = (
-        "g ({T}[3, 4] X, bool[3, 4] M) => ({T}[3, 4] Y) {\n"
-        " ninf = Constant<value = float {-inf}>()\n zero = Constant<value = float {0}>()\n"
-        " n = CastLike(ninf, X)\n z = CastLike(zero, X)\n"
-        f" bias = Where(M, z, n)\n B = Add(X, bias)\n S = {op}<axis = -1>(B)\n"
-        " a = Constant<value = int64[1] {-1}>()\n D = ReduceMax<keepdims = 1>(B, a)\n"
-        " E = Equal(D, n)\n K = Where(M, S, z)\n Y = Where(E, z, K) }"
-    )
-    model = Case("masked", text).model(dtype, 18)
-    mask = np.array([[True, True, False, True], [False, False, False, False], [True] * 4])
-    np_dtype = np.float32 if dtype == "float" else np.float64
-    feeds = {"X": np.random.default_rng(0).standard_normal((3, 4)).astype(np_dtype), "M": mask}
-    check_jvp(model, feeds)
-    check_adjoint(model, feeds)
-    vm = onnax.vjp(model)
-    ct = run(vm, {**feeds, vm.graph.inputs[2].name: np.ones((3, 4), np_dtype)})
-    adj = ct[vm.graph.outputs[1].name]
-    assert np.all(np.isfinite(adj)), adj
-    assert not np.any(adj[1]), adj
-
-
 def test_vmap_after_a_reduction_over_run_time_axes() -> None:
     """Run-time axes (computed from the input's rank, as expanded RMSNormalization does) leave
     shape inference without the rank of the reduced value; kept dimensions keep it, and the
@@ -399,23 +356,6 @@ def test_vmap_after_a_reduction_over_run_time_axes() -> None:
 
 
 # ------------------------------------------------------------------------------- errors
-@pytest.mark.parametrize("op", ["Softmax", "LogSoftmax"])
-def test_flattening_softmax_needs_a_rank(op: str) -> None:
-    """Before opset 13 the normalised block runs to the last axis: an unknown rank is refused."""
-    # Expand to a run-time shape of unknown length hides the rank from shape inference.
-    model = ir.from_onnx_text(
-        '<ir_version: 10, opset_import: ["" : 12]>\n'
-        f"g (float[N, 3] X, int64[K] S) => (float[N, 3] Y) {{ E = Expand(X, S)\n Y = {op}(E) }}"
-    )
-    with pytest.raises(UnsupportedOperatorError) as err:
-        onnax.jvp(model, inputs=["X"])
-    message = str(err.value)
-    assert f"ai.onnx::{op}" in message
-    assert "'Y'" in message
-    assert "at opset 12" in message and "rank" in message
-    assert "value_info" in message and "convert_version(model, 13)" in message
-
-
 # ------------------------------------------------------------------------------- vmap
 # vmap needs no lifting of rank-0 results: the reduction cases as they are, then the others.
 _REDUCTION_NAMES = {c.name for op in REDUCTIONS for c in reduction_cases(op)}
@@ -431,9 +371,6 @@ VMAP_CASES += [
         opsets=(18,),
         fixed={"A": np.zeros(0, np.int64)},
     ),
-    # Flattening softmax over the whole example (the batch becomes the rows) and the last axis.
-    softmax("Softmax", 0, (11,)),
-    softmax("LogSoftmax", -1, (12,), dims="N, 2, 3, 2"),
     # Reductions of a value of unknown rank (the output of run-time axes without keepdims): static
     # negative axes, everything (static and empty run-time axes), softmax along a negative axis.
     Case(
@@ -521,16 +458,6 @@ def test_vmap_refuses_batched_axes(op: str, in_axis: int) -> None:
     assert "in_axes None" in message
 
 
-@pytest.mark.parametrize("op", ["Softmax", "LogSoftmax"])
-@pytest.mark.parametrize("opset", [11, 13])
-def test_vmap_softmax_shifts_axis(op: str, opset: int) -> None:
-    """The batched node normalises along axis + 1 (the flattened block is unchanged before 13)."""
-    model = softmax(op, -2, (opset,)).model("float", opset)
-    vm = onnax.vmap(model, in_axes=0)
-    (node,) = [n for n in vm.graph if n.op_type == op]
-    assert node.attributes.get_int("axis") == 2
-
-
 # vmap of the jvp and vjp models (tangents and seeds batched alongside the primal inputs, or
 # alone: a Jacobian's rows). The tangent and transpose rules emit Unsqueeze, Expand, Reshape,
 # ScatterElements, ...: operators whose batch rules live in other modules.
@@ -541,16 +468,13 @@ DERIVATIVES = [
     ("ReduceProd-zeros-input", 18),
     ("ReduceL2-init-1-k1-n0", 18),
     ("ReduceLogSumExp-attr--1,0-k1-n0", 13),
-    ("Softmax-axis1-Nx3x4", 11),
-    ("LogSoftmax-axis-1-Nx3x4", 13),
     ("chain-mean-logsumexp", 17),
 ]
 
 
-@pytest.mark.parametrize("mode", ["jvp", "vjp"])
-@pytest.mark.parametrize(("name", "opset"), DERIVATIVES, ids=[f"{n}-{o}" for n, o in DERIVATIVES])
-def test_vmap_of_derivatives(name: str, opset: int, mode: str) -> None:
-    case = next(c for c in VMAP_CASES if c.name == name)
+def check_vmap_of_derivatives(case: Case, opset: int, mode: str) -> None:
+    """vmap of the jvp/vjp model in X, everything batched but run-time axes, then the
+    tangents/seeds alone."""
     model = case.model("double", opset)
     feeds = case.feeds(model)
     derived = onnax.jvp(model, ["X"]) if mode == "jvp" else onnax.vjp(model, ["X"])
@@ -563,3 +487,9 @@ def test_vmap_of_derivatives(name: str, opset: int, mode: str) -> None:
     # Everything batched but run-time axes; then only the tangents/seeds.
     check_vmap(derived, feeds, in_axes={**{v.name: 0 for v in derived.graph.inputs}, **shared_axes})
     check_vmap(derived, feeds, in_axes={v.name: -1 for v in extra})
+
+
+@pytest.mark.parametrize("mode", ["jvp", "vjp"])
+@pytest.mark.parametrize(("name", "opset"), DERIVATIVES, ids=[f"{n}-{o}" for n, o in DERIVATIVES])
+def test_vmap_of_derivatives(name: str, opset: int, mode: str) -> None:
+    check_vmap_of_derivatives(next(c for c in VMAP_CASES if c.name == name), opset, mode)

@@ -40,12 +40,10 @@ import onnx_ir as ir
 
 from onnax.core.batching import Batcher
 from onnax.core.emit import Emitter, InternalRuleError
-from onnax.core.registry import batch_rules, jvp_rules
+from onnax.core.registry import Args, BatchResult, OpRules, Tangents
 from onnax.rules._patterns import attributes_of
 
-Tangents = Sequence[ir.Value | None]
-Args = Sequence[ir.Value | None]
-BatchResult = tuple[list[ir.Value | None], list[bool]]
+__all__: list[str] = []
 
 
 def _dtype(value: ir.Value) -> ir.DataType:
@@ -145,40 +143,7 @@ def _nll_tangent(
     return em.op("Div", [em.reduce_sum(d_none, None, keepdims=False), total])
 
 
-def _nll_jvp(em: Emitter, node: ir.Node, tangents: Tangents) -> list[ir.Value | None]:
-    x = node.inputs[0]
-    assert x is not None
-    tw = tangents[2] if len(tangents) > 2 else None
-    return [_nll_tangent(em, node, x, tangents[0], tw)]
-
-
-def _sce_jvp(em: Emitter, node: ir.Node, tangents: Tangents) -> list[ir.Value | None]:
-    scores = node.inputs[0]
-    assert scores is not None
-    ts = tangents[0]
-    tw = tangents[2] if len(tangents) > 2 else None
-    if ts is None and tw is None:
-        return [None] * len(node.outputs)
-    lse = em.reduce("ReduceLogSumExp", scores, [1], keepdims=True)
-    log_prob = em.op("Sub", [scores, lse])
-    d_log_prob = None
-    if ts is not None:
-        p = em.op("Exp", [log_prob])
-        expected = em.reduce_sum(em.op("Mul", [ts, p]), [1], keepdims=True)
-        d_log_prob = em.op("Sub", [ts, expected])
-    outs = [_nll_tangent(em, node, log_prob, d_log_prob, tw)]
-    if len(node.outputs) > 1:
-        outs.append(d_log_prob)
-    return outs
-
-
-for _v in (12, 13, 22):
-    jvp_rules.add("NegativeLogLikelihoodLoss", _nll_jvp, since_version=_v)
-for _v in (12, 13):
-    jvp_rules.add("SoftmaxCrossEntropyLoss", _sce_jvp, since_version=_v)
-
-
-# ------------------------------------------------------------------------- batch rules
+# ------------------------------------------------------------------------- batching a loss
 def _fold(bx: Batcher, v: ir.Value) -> ir.Value:
     """``[B, N, rest...] -> [B*N, rest...]``."""
     rest = bx.slice(bx.op("Shape", [v]), [2], [2**62], [0])
@@ -236,7 +201,41 @@ def _loss_batch(bx: Batcher, node: ir.Node, args: Args, batched: Sequence[bool])
     return results, [True] * n_out
 
 
-for _v in (12, 13, 22):
-    batch_rules.add("NegativeLogLikelihoodLoss", _loss_batch, since_version=_v)
-for _v in (12, 13):
-    batch_rules.add("SoftmaxCrossEntropyLoss", _loss_batch, since_version=_v)
+# ------------------------------------------------------------------------- the operators
+# Each is registered once, from its first version: the later ones (13, and 22 for
+# NegativeLogLikelihoodLoss) changed nothing the rules depend on.
+nll_loss = OpRules("NegativeLogLikelihoodLoss", since=12)
+nll_loss.batch(_loss_batch)
+
+
+@nll_loss.jvp
+def _nll_jvp(em: Emitter, node: ir.Node, tangents: Tangents) -> list[ir.Value | None]:
+    x = node.inputs[0]
+    assert x is not None
+    tw = tangents[2] if len(tangents) > 2 else None
+    return [_nll_tangent(em, node, x, tangents[0], tw)]
+
+
+sce_loss = OpRules("SoftmaxCrossEntropyLoss", since=12)
+sce_loss.batch(_loss_batch)
+
+
+@sce_loss.jvp
+def _sce_jvp(em: Emitter, node: ir.Node, tangents: Tangents) -> list[ir.Value | None]:
+    scores = node.inputs[0]
+    assert scores is not None
+    ts = tangents[0]
+    tw = tangents[2] if len(tangents) > 2 else None
+    if ts is None and tw is None:
+        return [None] * len(node.outputs)
+    lse = em.reduce("ReduceLogSumExp", scores, [1], keepdims=True)
+    log_prob = em.op("Sub", [scores, lse])
+    d_log_prob = None
+    if ts is not None:
+        p = em.op("Exp", [log_prob])
+        expected = em.reduce_sum(em.op("Mul", [ts, p]), [1], keepdims=True)
+        d_log_prob = em.op("Sub", [ts, expected])
+    outs = [_nll_tangent(em, node, log_prob, d_log_prob, tw)]
+    if len(node.outputs) > 1:
+        outs.append(d_log_prob)
+    return outs

@@ -1,7 +1,11 @@
-"""Reductions and softmax.
+"""Reductions.
 
 Covered: ReduceSum ReduceMean ReduceMax ReduceMin ReduceProd ReduceSumSquare ReduceL1 ReduceL2
-ReduceLogSum ReduceLogSumExp Softmax LogSoftmax.
+ReduceLogSum ReduceLogSumExp (Softmax and LogSoftmax are in :mod:`onnax.rules.softmax`).
+
+Each operator has one registration from its first version: the axes attribute became an input
+at 13 (ReduceSum) or 18 (the rest), and the rules read either form (``ints_param``); the other
+schema changes added element types only.
 
 Every reduction's tangent is a ``ReduceSum`` (``ReduceMean`` for ReduceMean) of the input tangent
 times an elementwise coefficient ``dy/dx_i`` built from primal values, over the node's own axes
@@ -35,11 +39,6 @@ Choices and limitations:
   there (third and higher ones at two or more zeros in a slice are not).
 * **ReduceL2** has derivative ``x / y``; where ``y == 0`` (the whole slice is zero, a kink) the
   tangent is 0.
-* **Softmax/LogSoftmax** before opset 13 normalise over the flattened block ``axis..rank-1``; the
-  tangent then sums over all of those axes (``ReduceSum`` with ``keepdims=1``), which is the same
-  thing without reshaping. From 13 on they normalise along ``axis`` alone. A row that is
-  entirely -inf (attention with every key masked) has a NaN softmax that models discard with a
-  Where; its coefficients are read as 0 there, so the zero cotangent coming back stays 0.
 * **Empty inputs**: a reduction of a tensor with a static zero dimension is a constant (0, -inf
   ...), and its tangent is a symbolic zero (no 0 * inf through a following Sqrt).
 
@@ -61,9 +60,6 @@ axes:
   1), so empty axes still mean every axis of an example, never the batch axis. Axes that are
   *batched* (computed from batched data) are refused: each example could reduce different
   axes, and the results would be ragged.
-* **Softmax/LogSoftmax** shift ``axis``. Before opset 13 the input is coerced to
-  ``[prod(dims[:axis]), prod(dims[axis:])]``; with the batch axis in front, ``axis + 1`` folds the
-  batch into the rows and leaves the normalised block ``dims[axis:]`` unchanged.
 
 Kept-dimensions reductions over run-time axes emitted by the jvp rules are annotated with their
 rank (shape inference cannot follow run-time axes), so that batching the jvp model can align
@@ -83,26 +79,11 @@ from onnax.core.attrs import int_attr, ints_param
 from onnax.core.batching import Batcher, shift_axes
 from onnax.core.diagnostics import node_label, op_label
 from onnax.core.emit import Emitter, InternalRuleError
-from onnax.core.registry import BatchRule, JvpRule, batch_rules, jvp_rules, transpose_rules
+from onnax.core.registry import Args, BatchResult, JvpRule, OpRules, Tangents
 from onnax.errors import UnsupportedOperatorError
 from onnax.rules._patterns import attributes_of
 
-Tangents = Sequence[ir.Value | None]
-
-# The since_versions of each reduction's schema (onnx 1.23): the axes attribute became an input at
-# 13 (ReduceSum) or 18 (the rest); 12/20 (Max/Min) and 28 (LogSum/LogSumExp) added types only.
-_VERSIONS: dict[str, tuple[int, ...]] = {
-    "ReduceSum": (1, 11, 13),
-    "ReduceMean": (1, 11, 13, 18),
-    "ReduceMax": (1, 11, 12, 13, 18, 20),
-    "ReduceMin": (1, 11, 12, 13, 18, 20),
-    "ReduceProd": (1, 11, 13, 18),
-    "ReduceSumSquare": (1, 11, 13, 18),
-    "ReduceL1": (1, 11, 13, 18),
-    "ReduceL2": (1, 11, 13, 18),
-    "ReduceLogSum": (1, 11, 13, 18, 28),
-    "ReduceLogSumExp": (1, 11, 13, 18, 28),
-}
+__all__ = ["shift_past_batch", "unbatched_rank"]
 
 
 # ------------------------------------------------------------------------- reading a node
@@ -210,128 +191,6 @@ def _linear_reduce(em: Emitter, node: ir.Node, t: ir.Value, coef: ir.Value | Non
     return _annotate(_reduce_like(em, "ReduceSum", weighted, red, keepdims=red.keepdims), y)
 
 
-# ------------------------------------------------------------------------- jvp rules
-def _reduce_sum_jvp(em: Emitter, node: ir.Node, tangents: Tangents) -> list[ir.Value | None]:
-    t = tangents[0]
-    return [None if t is None else _linear_reduce(em, node, t, None)]
-
-
-def _reduce_mean_jvp(em: Emitter, node: ir.Node, tangents: Tangents) -> list[ir.Value | None]:
-    t = tangents[0]
-    if t is None:
-        return [None]
-    red = _reduction(node)
-    return [
-        _annotate(_reduce_like(em, "ReduceMean", t, red, keepdims=red.keepdims), node.outputs[0])
-    ]
-
-
-def _reduce_extreme_jvp(em: Emitter, node: ir.Node, tangents: Tangents) -> list[ir.Value | None]:
-    """ReduceMax/ReduceMin: the tangent of the extreme, averaged over ties (see module doc)."""
-    t = tangents[0]
-    if t is None:
-        return [None]
-    (x, y), red = _io(node), _reduction(node)
-    is_extreme = em.op("Equal", [x, _kept(em, node.op_type, x, y, red)])
-    mask = em.op("Cast", [is_extreme], {"to": int(_dtype(x))})
-    ties = _reduce_like(em, "ReduceSum", mask, red, keepdims=True)
-    return [_linear_reduce(em, node, t, em.op("Div", [mask, ties]))]
-
-
-def _reduce_prod_jvp(em: Emitter, node: ir.Node, tangents: Tangents) -> list[ir.Value | None]:
-    """ReduceProd, exact at zeros: dy/dx_i is the product of the other elements.
-
-    The product of the others is split into ``p / x_i`` (``p``: the product of the slice's
-    non-zero elements, with ``x_i`` read as 1 where it is zero) times ``q``, the product of the
-    *other zero* elements: 1 when there is none, their value (0, but carrying its derivative)
-    when there is one, and 0 when there are more. Written so, the coefficient is exact and so is
-    its own derivative (second order, e.g. Hessians through ReduceProd at zeros).
-    """
-    t = tangents[0]
-    if t is None:
-        return [None]
-    (x, _), red = _io(node), _reduction(node)
-    zero, one = em.scalar(0.0, x), em.scalar(1.0, x)
-    is_zero = em.op("Equal", [x, zero])
-    x_safe = em.op("Where", [is_zero, one, x])
-    nonzero_prod = _reduce_like(em, "ReduceProd", x_safe, red, keepdims=True)
-    zero_count = em.op("Cast", [is_zero], {"to": int(_dtype(x))})
-    other_zeros = em.op(
-        "Sub", [_reduce_like(em, "ReduceSum", zero_count, red, keepdims=True), zero_count]
-    )
-    zero_part = em.op("Where", [is_zero, x, zero])
-    other_zero_sum = em.op(
-        "Sub", [_reduce_like(em, "ReduceSum", zero_part, red, keepdims=True), zero_part]
-    )
-    lone_zero = em.op("Where", [em.op("Equal", [other_zeros, one]), other_zero_sum, zero])
-    q = em.op("Where", [em.op("Equal", [other_zeros, zero]), one, lone_zero])
-    coef = em.op("Mul", [em.op("Div", [nonzero_prod, x_safe]), q])
-    return [_linear_reduce(em, node, t, coef)]
-
-
-def _reduce_sum_square_jvp(em: Emitter, node: ir.Node, tangents: Tangents) -> list[ir.Value | None]:
-    t = tangents[0]
-    if t is None:
-        return [None]
-    x, _ = _io(node)
-    return [_linear_reduce(em, node, t, em.op("Add", [x, x]))]
-
-
-def _reduce_l1_jvp(em: Emitter, node: ir.Node, tangents: Tangents) -> list[ir.Value | None]:
-    t = tangents[0]
-    if t is None:
-        return [None]
-    x, _ = _io(node)
-    return [_linear_reduce(em, node, t, em.op("Sign", [x]))]
-
-
-def _reduce_l2_jvp(em: Emitter, node: ir.Node, tangents: Tangents) -> list[ir.Value | None]:
-    """d||x|| = <x, t> / ||x||, and 0 where the norm is 0 (then x is 0 on the whole slice)."""
-    t = tangents[0]
-    if t is None:
-        return [None]
-    x, y = _io(node)
-    one = em.scalar(1.0, y)
-    safe_norm = _annotate(em.op("Where", [em.op("Equal", [y, em.scalar(0.0, y)]), one, y]), y)
-    return [_annotate(em.op("Div", [_linear_reduce(em, node, t, x), safe_norm]), y)]
-
-
-def _reduce_log_sum_jvp(em: Emitter, node: ir.Node, tangents: Tangents) -> list[ir.Value | None]:
-    """The tangent of log(sum x) is sum(t) / sum(x); the sum is recomputed, not read as exp(y)."""
-    t = tangents[0]
-    if t is None:
-        return [None]
-    (x, y), red = _io(node), _reduction(node)
-    total = _annotate(_reduce_like(em, "ReduceSum", x, red, keepdims=red.keepdims), y)
-    return [_annotate(em.op("Div", [_linear_reduce(em, node, t, None), total]), y)]
-
-
-def _reduce_log_sum_exp_jvp(
-    em: Emitter, node: ir.Node, tangents: Tangents
-) -> list[ir.Value | None]:
-    """The softmax weights exp(x - y) of the slice."""
-    t = tangents[0]
-    if t is None:
-        return [None]
-    (x, y), red = _io(node), _reduction(node)
-    weights = em.op("Exp", [em.op("Sub", [x, _kept(em, node.op_type, x, y, red)])])
-    return [_linear_reduce(em, node, t, weights)]
-
-
-_JVP = {
-    "ReduceSum": _reduce_sum_jvp,
-    "ReduceMean": _reduce_mean_jvp,
-    "ReduceMax": _reduce_extreme_jvp,
-    "ReduceMin": _reduce_extreme_jvp,
-    "ReduceProd": _reduce_prod_jvp,
-    "ReduceSumSquare": _reduce_sum_square_jvp,
-    "ReduceL1": _reduce_l1_jvp,
-    "ReduceL2": _reduce_l2_jvp,
-    "ReduceLogSum": _reduce_log_sum_jvp,
-    "ReduceLogSumExp": _reduce_log_sum_exp_jvp,
-}
-
-
 def _statically_empty(value: ir.Value) -> bool:
     """Whether ``value`` has a dimension statically known to be 0 (it holds no element)."""
     return value.shape is not None and any(d == 0 for d in value.shape.dims if isinstance(d, int))
@@ -354,12 +213,7 @@ def _unless_empty(rule: JvpRule) -> JvpRule:
     return guarded
 
 
-for _op, _rule in _JVP.items():
-    for _v in _VERSIONS[_op]:
-        jvp_rules.add(_op, _unless_empty(_rule), since_version=_v)
-
-
-# ------------------------------------------------------------------------- transpose rules
+# ------------------------------------------------------------------------- transposing a reduction
 def _runtime_kept_shape(em: Emitter, shape: ir.Value, red: _Reduction) -> ir.Value:
     """The kept-dimensions output shape for run-time axes: ``shape`` with 1 at every reduced axis."""
     axes = red.axes
@@ -418,107 +272,7 @@ def _reduced_count(em: Emitter, x: ir.Value, red: _Reduction, dtype: ir.DataType
     return em.reduce("ReduceProd", em.op("Cast", [picked_dims], to), None, keepdims=False)
 
 
-def _reduce_sum_transpose(
-    em: Emitter, node: ir.Node, cts: Tangents, linear: Sequence[bool]
-) -> list[ir.Value | None]:
-    ct, (x, _) = cts[0], _io(node)
-    rest: list[ir.Value | None] = [None] * (len(node.inputs) - 1)
-    if ct is None:
-        return [None, *rest]
-    return [_spread(em, ct, x, _reduction(node)), *rest]
-
-
-def _reduce_expected_transpose(
-    em: Emitter, node: ir.Node, cts: Tangents, linear: Sequence[bool]
-) -> list[ir.Value | None]:
-    ct, (x, y) = cts[0], _io(node)
-    rest: list[ir.Value | None] = [None] * (len(node.inputs) - 1)
-    if ct is None:
-        return [None, *rest]
-    red = _reduction(node)
-    if red.identity:
-        return [ct, *rest]
-    # Dividing before spreading touches the (smaller) output-shaped cotangent only.
-    scaled = em.op("Div", [ct, _reduced_count(em, x, red, _dtype(y))])
-    return [_spread(em, scaled, x, red), *rest]
-
-
-for _v in _VERSIONS["ReduceSum"]:
-    transpose_rules.add("ReduceSum", _reduce_sum_transpose, since_version=_v)
-for _v in _VERSIONS["ReduceMean"]:
-    transpose_rules.add("ReduceMean", _reduce_expected_transpose, since_version=_v)
-
-
-# ------------------------------------------------------------------------- Softmax, LogSoftmax
-def _softmax_axes(node: ir.Node, opset: int, *, flatten: bool) -> list[int]:
-    """The axes a (Log)Softmax normalises over: ``axis..rank-1`` before opset 13, else ``[axis]``."""
-    x, _ = _io(node)
-    axis = int_attr(node, "axis", 1 if flatten else -1)
-    if not flatten:
-        return [axis]
-    if x.shape is None:
-        raise UnsupportedOperatorError(
-            f"{op_label(node)} at opset {opset} ({node_label(node)}): before opset 13 it normalises over the "
-            f"flattened axes {axis}..rank-1 of its input, but the rank of input {x.name!r} is "
-            "unknown. Remedy: declare the shape (at least the rank) of that value in the model's "
-            "value_info, or convert the model with onnx.version_converter.convert_version(model, 13), "
-            "which rewrites the flattening softmax exactly (Flatten, Softmax, Reshape)."
-        )
-    rank = x.shape.rank()
-    start = axis + rank if axis < 0 else axis
-    return list(range(start, rank))
-
-
-def _nan_to_zero(em: Emitter, p: ir.Value, like: ir.Value) -> ir.Value:
-    """``p`` with NaN replaced by 0.
-
-    The softmax of a row that is entirely -inf (an attention row whose keys are all masked) is
-    NaN, and models then discard that row with a Where; a NaN coefficient would still turn the
-    zero cotangent the Where gives back into NaN (0 * NaN).
-    """
-    return em.op("Where", [em.op("IsNaN", [p]), em.scalar(0.0, like=like), p])
-
-
-def _softmax_jvp(flatten: bool) -> JvpRule:
-    def rule(em: Emitter, node: ir.Node, tangents: Tangents) -> list[ir.Value | None]:
-        """The tangent is y * (t - sum(y * t)) over the normalised axes."""
-        t = tangents[0]
-        if t is None:
-            return [None]
-        _, y = _io(node)
-        axes = _softmax_axes(node, em.opset, flatten=flatten)
-        y = _nan_to_zero(em, y, y)
-        expected_t = em.reduce_sum(em.op("Mul", [t, y]), axes, keepdims=True)
-        return [em.op("Mul", [em.op("Sub", [t, expected_t]), y])]
-
-    return rule
-
-
-def _log_softmax_jvp(flatten: bool) -> JvpRule:
-    def rule(em: Emitter, node: ir.Node, tangents: Tangents) -> list[ir.Value | None]:
-        """The tangent is t - sum(softmax * t) over the normalised axes, softmax = exp(y)."""
-        t = tangents[0]
-        if t is None:
-            return [None]
-        _, y = _io(node)
-        axes = _softmax_axes(node, em.opset, flatten=flatten)
-        softmax = _nan_to_zero(em, em.op("Exp", [y]), y)
-        expected_t = em.reduce_sum(em.op("Mul", [t, softmax]), axes, keepdims=True)
-        return [em.op("Sub", [t, expected_t])]
-
-    return rule
-
-
-for _v, _flatten in ((1, True), (11, True), (13, False)):
-    jvp_rules.add("Softmax", _softmax_jvp(_flatten), since_version=_v)
-    jvp_rules.add("LogSoftmax", _log_softmax_jvp(_flatten), since_version=_v)
-
-
-# ------------------------------------------------------------------------- batch rules
-Args = Sequence[ir.Value | None]
-BatchResult = tuple[list[ir.Value | None], list[bool]]
-
-
+# ------------------------------------------------------------------------- batching a reduction
 def _user_name(original: ir.Value | None, arg: ir.Value | None) -> str | None:
     """The name the user knows a (batched) input by.
 
@@ -546,12 +300,12 @@ def _refuse_batched_axes(bx: Batcher, node: ir.Node, args: Args, batched: Sequen
         )
 
 
-def _rank(value: ir.Value | None) -> int | None:
+def unbatched_rank(value: ir.Value | None) -> int | None:
     """The unbatched rank of an original value, or None when inference could not tell."""
     return value.shape.rank() if value is not None and value.shape is not None else None
 
 
-def _shift(axes: Sequence[int], rank: int | None) -> list[int]:
+def shift_past_batch(axes: Sequence[int], rank: int | None) -> list[int]:
     """Static axes past the batch axis; a negative axis keeps its meaning when the rank is unknown."""
     if rank is not None:
         return shift_axes(axes, rank)
@@ -598,7 +352,7 @@ def _reduction_batch(
     _refuse_batched_axes(bx, node, args, batched)
     x, op = args[0], node.op_type
     assert x is not None and batched[0]
-    rank, red = _rank(node.inputs[0]), _reduction(node)
+    rank, red = unbatched_rank(node.inputs[0]), _reduction(node)
     y = node.outputs[0]
     if red.keepdims and rank is not None and y.shape is None:
         # Inference cannot follow run-time axes, but kept dimensions keep the rank; the batch
@@ -618,7 +372,7 @@ def _reduction_batch(
         axes = _shifted_runtime_axes(bx, x, args[1], rank, red.noop)
         return [bx.op(op, [x, axes], runtime_attrs)], [True]
     if red.axes is not None:
-        return [bx.reduce(op, x, _shift(red.axes, rank), keepdims=red.keepdims)], [True]
+        return [bx.reduce(op, x, shift_past_batch(red.axes, rank), keepdims=red.keepdims)], [True]
     if rank is not None:
         return [bx.reduce(op, x, list(range(1, rank + 1)), keepdims=red.keepdims)], [True]
     return [_reduce_all_unknown_rank(bx, op, x, red.keepdims)], [True]
@@ -645,23 +399,198 @@ def _reduce_all_unknown_rank(bx: Batcher, op: str, x: ir.Value, keepdims: bool) 
     return bx.op("Reshape", [out, bx.op("Concat", [bx.ints([0]), ones], {"axis": 0})])
 
 
-for _op in _VERSIONS:
-    for _v in _VERSIONS[_op]:
-        batch_rules.add(_op, _reduction_batch, since_version=_v)
+# ------------------------------------------------------------------------------ ReduceSum
+reduce_sum = OpRules("ReduceSum")
+reduce_sum.batch(_reduction_batch)
 
 
-def _softmax_batch(default_axis: int) -> BatchRule:
-    def rule(bx: Batcher, node: ir.Node, args: Args, batched: Sequence[bool]) -> BatchResult:
-        """The operator along the shifted axis (see the module doc for the flattening forms)."""
-        x = args[0]
-        assert x is not None
-        axis = int_attr(node, "axis", default_axis)
-        shifted = _shift([axis], _rank(node.inputs[0]))[0]
-        return [bx.op(node.op_type, [x], attributes_of(node, axis=shifted))], [True]
-
-    return rule
+@reduce_sum.jvp
+@_unless_empty
+def _reduce_sum_jvp(em: Emitter, node: ir.Node, tangents: Tangents) -> list[ir.Value | None]:
+    t = tangents[0]
+    return [None if t is None else _linear_reduce(em, node, t, None)]
 
 
-for _v, _default in ((1, 1), (11, 1), (13, -1)):
-    batch_rules.add("Softmax", _softmax_batch(_default), since_version=_v)
-    batch_rules.add("LogSoftmax", _softmax_batch(_default), since_version=_v)
+@reduce_sum.transpose
+def _reduce_sum_transpose(
+    em: Emitter, node: ir.Node, cts: Tangents, linear: Sequence[bool]
+) -> list[ir.Value | None]:
+    ct, (x, _) = cts[0], _io(node)
+    rest: list[ir.Value | None] = [None] * (len(node.inputs) - 1)
+    if ct is None:
+        return [None, *rest]
+    return [_spread(em, ct, x, _reduction(node)), *rest]
+
+
+# ----------------------------------------------------------------------------- ReduceMean
+reduce_mean = OpRules("ReduceMean")
+reduce_mean.batch(_reduction_batch)
+
+
+@reduce_mean.jvp
+@_unless_empty
+def _reduce_mean_jvp(em: Emitter, node: ir.Node, tangents: Tangents) -> list[ir.Value | None]:
+    t = tangents[0]
+    if t is None:
+        return [None]
+    red = _reduction(node)
+    return [
+        _annotate(_reduce_like(em, "ReduceMean", t, red, keepdims=red.keepdims), node.outputs[0])
+    ]
+
+
+@reduce_mean.transpose
+def _reduce_expected_transpose(
+    em: Emitter, node: ir.Node, cts: Tangents, linear: Sequence[bool]
+) -> list[ir.Value | None]:
+    ct, (x, y) = cts[0], _io(node)
+    rest: list[ir.Value | None] = [None] * (len(node.inputs) - 1)
+    if ct is None:
+        return [None, *rest]
+    red = _reduction(node)
+    if red.identity:
+        return [ct, *rest]
+    # Dividing before spreading touches the (smaller) output-shaped cotangent only.
+    scaled = em.op("Div", [ct, _reduced_count(em, x, red, _dtype(y))])
+    return [_spread(em, scaled, x, red), *rest]
+
+
+# ---------------------------------------------------------------------- ReduceMax, ReduceMin
+reduce_extreme = OpRules(("ReduceMax", "ReduceMin"))
+reduce_extreme.batch(_reduction_batch)
+
+
+@reduce_extreme.jvp
+@_unless_empty
+def _reduce_extreme_jvp(em: Emitter, node: ir.Node, tangents: Tangents) -> list[ir.Value | None]:
+    """ReduceMax/ReduceMin: the tangent of the extreme, averaged over ties (see module doc)."""
+    t = tangents[0]
+    if t is None:
+        return [None]
+    (x, y), red = _io(node), _reduction(node)
+    is_extreme = em.op("Equal", [x, _kept(em, node.op_type, x, y, red)])
+    mask = em.op("Cast", [is_extreme], {"to": int(_dtype(x))})
+    ties = _reduce_like(em, "ReduceSum", mask, red, keepdims=True)
+    return [_linear_reduce(em, node, t, em.op("Div", [mask, ties]))]
+
+
+# ----------------------------------------------------------------------------------- ReduceProd
+reduce_prod = OpRules("ReduceProd")
+reduce_prod.batch(_reduction_batch)
+
+
+@reduce_prod.jvp
+@_unless_empty
+def _reduce_prod_jvp(em: Emitter, node: ir.Node, tangents: Tangents) -> list[ir.Value | None]:
+    """ReduceProd, exact at zeros: dy/dx_i is the product of the other elements.
+
+    The product of the others is split into ``p / x_i`` (``p``: the product of the slice's
+    non-zero elements, with ``x_i`` read as 1 where it is zero) times ``q``, the product of the
+    *other zero* elements: 1 when there is none, their value (0, but carrying its derivative)
+    when there is one, and 0 when there are more. Written so, the coefficient is exact and so is
+    its own derivative (second order, e.g. Hessians through ReduceProd at zeros).
+    """
+    t = tangents[0]
+    if t is None:
+        return [None]
+    (x, _), red = _io(node), _reduction(node)
+    zero, one = em.scalar(0.0, x), em.scalar(1.0, x)
+    is_zero = em.op("Equal", [x, zero])
+    x_safe = em.op("Where", [is_zero, one, x])
+    nonzero_prod = _reduce_like(em, "ReduceProd", x_safe, red, keepdims=True)
+    zero_count = em.op("Cast", [is_zero], {"to": int(_dtype(x))})
+    other_zeros = em.op(
+        "Sub", [_reduce_like(em, "ReduceSum", zero_count, red, keepdims=True), zero_count]
+    )
+    zero_part = em.op("Where", [is_zero, x, zero])
+    other_zero_sum = em.op(
+        "Sub", [_reduce_like(em, "ReduceSum", zero_part, red, keepdims=True), zero_part]
+    )
+    lone_zero = em.op("Where", [em.op("Equal", [other_zeros, one]), other_zero_sum, zero])
+    q = em.op("Where", [em.op("Equal", [other_zeros, zero]), one, lone_zero])
+    coef = em.op("Mul", [em.op("Div", [nonzero_prod, x_safe]), q])
+    return [_linear_reduce(em, node, t, coef)]
+
+
+# ------------------------------------------------------------------------------ ReduceSumSquare
+reduce_sum_square = OpRules("ReduceSumSquare")
+reduce_sum_square.batch(_reduction_batch)
+
+
+@reduce_sum_square.jvp
+@_unless_empty
+def _reduce_sum_square_jvp(em: Emitter, node: ir.Node, tangents: Tangents) -> list[ir.Value | None]:
+    t = tangents[0]
+    if t is None:
+        return [None]
+    x, _ = _io(node)
+    return [_linear_reduce(em, node, t, em.op("Add", [x, x]))]
+
+
+# ------------------------------------------------------------------------------------- ReduceL1
+reduce_l1 = OpRules("ReduceL1")
+reduce_l1.batch(_reduction_batch)
+
+
+@reduce_l1.jvp
+@_unless_empty
+def _reduce_l1_jvp(em: Emitter, node: ir.Node, tangents: Tangents) -> list[ir.Value | None]:
+    t = tangents[0]
+    if t is None:
+        return [None]
+    x, _ = _io(node)
+    return [_linear_reduce(em, node, t, em.op("Sign", [x]))]
+
+
+# ------------------------------------------------------------------------------------- ReduceL2
+reduce_l2 = OpRules("ReduceL2")
+reduce_l2.batch(_reduction_batch)
+
+
+@reduce_l2.jvp
+@_unless_empty
+def _reduce_l2_jvp(em: Emitter, node: ir.Node, tangents: Tangents) -> list[ir.Value | None]:
+    """d||x|| = <x, t> / ||x||, and 0 where the norm is 0 (then x is 0 on the whole slice)."""
+    t = tangents[0]
+    if t is None:
+        return [None]
+    x, y = _io(node)
+    one = em.scalar(1.0, y)
+    safe_norm = _annotate(em.op("Where", [em.op("Equal", [y, em.scalar(0.0, y)]), one, y]), y)
+    return [_annotate(em.op("Div", [_linear_reduce(em, node, t, x), safe_norm]), y)]
+
+
+# --------------------------------------------------------------------------------- ReduceLogSum
+reduce_log_sum = OpRules("ReduceLogSum")
+reduce_log_sum.batch(_reduction_batch)
+
+
+@reduce_log_sum.jvp
+@_unless_empty
+def _reduce_log_sum_jvp(em: Emitter, node: ir.Node, tangents: Tangents) -> list[ir.Value | None]:
+    """The tangent of log(sum x) is sum(t) / sum(x); the sum is recomputed, not read as exp(y)."""
+    t = tangents[0]
+    if t is None:
+        return [None]
+    (x, y), red = _io(node), _reduction(node)
+    total = _annotate(_reduce_like(em, "ReduceSum", x, red, keepdims=red.keepdims), y)
+    return [_annotate(em.op("Div", [_linear_reduce(em, node, t, None), total]), y)]
+
+
+# ------------------------------------------------------------------------------ ReduceLogSumExp
+reduce_log_sum_exp = OpRules("ReduceLogSumExp")
+reduce_log_sum_exp.batch(_reduction_batch)
+
+
+@reduce_log_sum_exp.jvp
+@_unless_empty
+def _reduce_log_sum_exp_jvp(
+    em: Emitter, node: ir.Node, tangents: Tangents
+) -> list[ir.Value | None]:
+    """The softmax weights exp(x - y) of the slice."""
+    t = tangents[0]
+    if t is None:
+        return [None]
+    (x, y), red = _io(node), _reduction(node)
+    weights = em.op("Exp", [em.op("Sub", [x, _kept(em, node.op_type, x, y, red)])])
+    return [_linear_reduce(em, node, t, weights)]

@@ -28,6 +28,9 @@ Reshape), so the lengths become one vector of ``B * batch`` entries. Inputs that
 (the axis of the scans, Trilu's k, TopK's K, Compress's condition) must not be batched: they
 would give each example its own axis or output shape; such a case is refused, naming the node
 and input.
+
+Each operator is registered once, from its first version: the later ones added element types
+or attributes that the rules read from the node.
 """
 
 from __future__ import annotations
@@ -41,24 +44,14 @@ from onnax.core.attrs import const_ints
 from onnax.core.batching import Batcher, refuse_batched
 from onnax.core.diagnostics import node_label, op_label
 from onnax.core.emit import Emitter
-from onnax.core.registry import batch_rules, jvp_rules, transpose_rules
+from onnax.core.registry import Args, BatchResult, OpRules, Tangents
 from onnax.errors import UnsupportedOperatorError
-from onnax.rules._patterns import attributes_of, batch_data, original_input
+from onnax.rules._patterns import attributes_of, batch_data, linear_unary_jvp, original_input
 
-Tangents = Sequence[ir.Value | None]
-Args = Sequence[ir.Value | None]
-BatchResult = tuple[list[ir.Value | None], list[bool]]
+__all__: list[str] = []
 
 
 # ------------------------------------------------------------------------------ helpers
-def _same_op_jvp(em: Emitter, node: ir.Node, tangents: Tangents) -> list[ir.Value | None]:
-    """The operator applied to the tangent of its data input, other inputs and attributes kept."""
-    t = tangents[0]
-    if t is None:
-        return [None]
-    return [em.op(node.op_type, [t, *node.inputs[1:]], attributes_of(node))]
-
-
 def _same_op_transpose(
     em: Emitter, node: ir.Node, cts: Tangents, linear: Sequence[bool]
 ) -> list[ir.Value | None]:
@@ -75,6 +68,12 @@ _PER_EXAMPLE = (
 
 
 # ------------------------------------------------------------------------------ CumSum
+# Linear in x: the tangent is the same CumSum of the tangent. 14 added element types only.
+cumsum = OpRules("CumSum", since=11)
+cumsum.jvp(linear_unary_jvp)
+
+
+@cumsum.transpose
 def _cumsum_transpose(
     em: Emitter, node: ir.Node, cts: Tangents, linear: Sequence[bool]
 ) -> list[ir.Value | None]:
@@ -85,6 +84,7 @@ def _cumsum_transpose(
     return [em.op("CumSum", [ct, node.inputs[1]], attrs), None]
 
 
+@cumsum.batch
 def _cumsum_batch(bx: Batcher, node: ir.Node, args: Args, batched: Sequence[bool]) -> BatchResult:
     """CumSum with its run-time axis normalised and shifted past the batch axis."""
     refuse_batched(bx, node, args, batched, {1: "axis"}, _PER_EXAMPLE)
@@ -101,13 +101,13 @@ def _cumsum_batch(bx: Batcher, node: ir.Node, args: Args, batched: Sequence[bool
     return [bx.op(node.op_type, [x, shifted], attributes_of(node))], [True]
 
 
-for _v in (11, 14):
-    jvp_rules.add("CumSum", _same_op_jvp, since_version=_v)
-    transpose_rules.add("CumSum", _cumsum_transpose, since_version=_v)
-    batch_rules.add("CumSum", _cumsum_batch, since_version=_v)
-
-
 # ------------------------------------------------------------------------------- Trilu
+trilu = OpRules("Trilu", since=14)
+trilu.jvp(linear_unary_jvp)
+trilu.transpose(_same_op_transpose)
+
+
+@trilu.batch
 def _trilu_batch(bx: Batcher, node: ir.Node, args: Args, batched: Sequence[bool]) -> BatchResult:
     """Trilu acts on the last two axes: a leading batch axis is one more matrix of the stack."""
     refuse_batched(bx, node, args, batched, {1: "diagonal offset k"}, _PER_EXAMPLE)
@@ -115,12 +115,12 @@ def _trilu_batch(bx: Batcher, node: ir.Node, args: Args, batched: Sequence[bool]
     return [bx.op("Trilu", inputs, attributes_of(node))], [True]
 
 
-jvp_rules.add("Trilu", _same_op_jvp, since_version=14)
-transpose_rules.add("Trilu", _same_op_transpose, since_version=14)
-batch_rules.add("Trilu", _trilu_batch, since_version=14)
-
-
 # -------------------------------------------------------------------------------- TopK
+# Later versions (11, 24) are served by the same rules, which read the attributes they need.
+topk = OpRules("TopK", since=10)
+
+
+@topk.jvp
 def _topk_jvp(em: Emitter, node: ir.Node, tangents: Tangents) -> list[ir.Value | None]:
     t = tangents[0]
     if t is None:
@@ -129,6 +129,7 @@ def _topk_jvp(em: Emitter, node: ir.Node, tangents: Tangents) -> list[ir.Value |
     return [em.op("GatherElements", [t, node.outputs[1]], {"axis": axis}), None]
 
 
+@topk.batch
 def _topk_batch(bx: Batcher, node: ir.Node, args: Args, batched: Sequence[bool]) -> BatchResult:
     """TopK with its axis attribute normalised and shifted past the batch axis."""
     refuse_batched(bx, node, args, batched, {1: "K"}, _PER_EXAMPLE)
@@ -141,12 +142,13 @@ def _topk_batch(bx: Batcher, node: ir.Node, args: Args, batched: Sequence[bool])
     return [values, indices], [True, True]
 
 
-for _v in (10, 11, 24):
-    jvp_rules.add("TopK", _topk_jvp, since_version=_v)
-    batch_rules.add("TopK", _topk_batch, since_version=_v)
-
-
 # --------------------------------------------------------------------- ReverseSequence
+reverse_sequence = OpRules("ReverseSequence", since=10)
+reverse_sequence.jvp(linear_unary_jvp)
+reverse_sequence.transpose(_same_op_transpose)
+
+
+@reverse_sequence.batch
 def _reverse_sequence_batch(
     bx: Batcher, node: ir.Node, args: Args, batched: Sequence[bool]
 ) -> BatchResult:
@@ -181,13 +183,11 @@ def _reverse_sequence_batch(
     return [bx.move_axis(restored, b, 0, rank + 1)], [True]
 
 
-for _v in (10, 28):
-    jvp_rules.add("ReverseSequence", _same_op_jvp, since_version=_v)
-    transpose_rules.add("ReverseSequence", _same_op_transpose, since_version=_v)
-    batch_rules.add("ReverseSequence", _reverse_sequence_batch, since_version=_v)
-
-
 # ---------------------------------------------------------------------------- Compress
+compress = OpRules("Compress", since=9)
+
+
+@compress.jvp
 def _compress_jvp(em: Emitter, node: ir.Node, tangents: Tangents) -> list[ir.Value | None]:
     """Compress is a Gather of the positions where the condition holds.
 
@@ -205,6 +205,7 @@ def _compress_jvp(em: Emitter, node: ir.Node, tangents: Tangents) -> list[ir.Val
     return [em.op("Gather", [t, positions], {"axis": axis})]
 
 
+@compress.batch
 def _compress_batch(bx: Batcher, node: ir.Node, args: Args, batched: Sequence[bool]) -> BatchResult:
     """Compress along the shifted axis; without an axis, along the flattened example."""
     refuse_batched(bx, node, args, batched, {1: "condition"}, _PER_EXAMPLE)
@@ -219,12 +220,13 @@ def _compress_batch(bx: Batcher, node: ir.Node, args: Args, batched: Sequence[bo
     return [bx.op("Compress", [x, condition], {"axis": axis})], [True]
 
 
-for _v in (9, 11, 28):
-    jvp_rules.add("Compress", _compress_jvp, since_version=_v)
-    batch_rules.add("Compress", _compress_batch, since_version=_v)
-
-
 # ----------------------------------------------------------------------------- CumProd
+cumprod = OpRules("CumProd", since=26)
+# Its axis is an input as CumSum's: the same shift past the batch axis.
+cumprod.batch(_cumsum_batch)
+
+
+@cumprod.jvp
 def _cumprod_jvp(em: Emitter, node: ir.Node, tangents: Tangents) -> list[ir.Value | None]:
     """Exact tangent of CumProd, also where ``x`` has zeros (no ``y / x``).
 
@@ -306,7 +308,3 @@ def _cumprod_jvp_runtime_axis(em: Emitter, node: ir.Node, x: ir.Value, t: ir.Val
     t_j.shape, t_j.dtype = ir.Shape([None] * (rank + 1)), x.dtype
     terms = em.op("Mul", [coefficient, t_j])
     return em.reduce_sum(terms, [0], keepdims=False)
-
-
-jvp_rules.add("CumProd", _cumprod_jvp, since_version=26)
-batch_rules.add("CumProd", _cumsum_batch, since_version=26)

@@ -1,0 +1,124 @@
+"""Softmax and LogSoftmax: jvp and batch rules.
+
+The tangent of Softmax is ``y * (t - sum(y * t))`` and that of LogSoftmax
+``t - sum(softmax * t)`` with ``softmax = exp(y)``, the sums over the normalised axes (a
+``ReduceSum`` with ``keepdims=1``); the linear part uses ``Mul``, ``Sub`` and ``ReduceSum`` only,
+whose transposes serve reverse mode.
+
+* **Opsets.** Before opset 13 they normalise over the flattened block ``axis..rank-1``; the
+  tangent then sums over all of those axes, which is the same thing without reshaping. From 13
+  on they normalise along ``axis`` alone.
+* **Masked rows.** A row that is entirely -inf (attention with every key masked) has a NaN
+  softmax that models discard with a Where; its coefficients are read as 0 there, so the zero
+  cotangent coming back stays 0.
+* **Batch rules** (vmap) shift ``axis`` past the batch axis. Before opset 13 the input is coerced
+  to ``[prod(dims[:axis]), prod(dims[axis:])]``; with the batch axis in front, ``axis + 1`` folds
+  the batch into the rows and leaves the normalised block ``dims[axis:]`` unchanged.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import onnx_ir as ir
+
+from onnax.core.attrs import int_attr
+from onnax.core.batching import Batcher
+from onnax.core.diagnostics import node_label, op_label
+from onnax.core.emit import Emitter
+from onnax.core.registry import Args, BatchResult, BatchRule, JvpRule, OpRules, Tangents
+from onnax.errors import UnsupportedOperatorError
+from onnax.rules._patterns import attributes_of
+from onnax.rules.reduce import shift_past_batch, unbatched_rank
+
+__all__: list[str] = []
+
+
+# ------------------------------------------------------------------------------ helpers
+def _softmax_axes(node: ir.Node, opset: int, *, flatten: bool) -> list[int]:
+    """The axes a (Log)Softmax normalises over: ``axis..rank-1`` before opset 13, else ``[axis]``."""
+    x = node.inputs[0]
+    assert x is not None
+    axis = int_attr(node, "axis", 1 if flatten else -1)
+    if not flatten:
+        return [axis]
+    if x.shape is None:
+        raise UnsupportedOperatorError(
+            f"{op_label(node)} at opset {opset} ({node_label(node)}): before opset 13 it normalises over the "
+            f"flattened axes {axis}..rank-1 of its input, but the rank of input {x.name!r} is "
+            "unknown. Remedy: declare the shape (at least the rank) of that value in the model's "
+            "value_info, or convert the model with onnx.version_converter.convert_version(model, 13), "
+            "which rewrites the flattening softmax exactly (Flatten, Softmax, Reshape)."
+        )
+    rank = x.shape.rank()
+    start = axis + rank if axis < 0 else axis
+    return list(range(start, rank))
+
+
+def _nan_to_zero(em: Emitter, p: ir.Value, like: ir.Value) -> ir.Value:
+    """``p`` with NaN replaced by 0.
+
+    The softmax of a row that is entirely -inf (an attention row whose keys are all masked) is
+    NaN, and models then discard that row with a Where; a NaN coefficient would still turn the
+    zero cotangent the Where gives back into NaN (0 * NaN).
+    """
+    return em.op("Where", [em.op("IsNaN", [p]), em.scalar(0.0, like=like), p])
+
+
+def _softmax_jvp(flatten: bool) -> JvpRule:
+    def rule(em: Emitter, node: ir.Node, tangents: Tangents) -> list[ir.Value | None]:
+        """The tangent is y * (t - sum(y * t)) over the normalised axes."""
+        t = tangents[0]
+        if t is None:
+            return [None]
+        y = node.outputs[0]
+        axes = _softmax_axes(node, em.opset, flatten=flatten)
+        y = _nan_to_zero(em, y, y)
+        expected_t = em.reduce_sum(em.op("Mul", [t, y]), axes, keepdims=True)
+        return [em.op("Mul", [em.op("Sub", [t, expected_t]), y])]
+
+    return rule
+
+
+def _log_softmax_jvp(flatten: bool) -> JvpRule:
+    def rule(em: Emitter, node: ir.Node, tangents: Tangents) -> list[ir.Value | None]:
+        """The tangent is t - sum(softmax * t) over the normalised axes, softmax = exp(y)."""
+        t = tangents[0]
+        if t is None:
+            return [None]
+        y = node.outputs[0]
+        axes = _softmax_axes(node, em.opset, flatten=flatten)
+        softmax = _nan_to_zero(em, em.op("Exp", [y]), y)
+        expected_t = em.reduce_sum(em.op("Mul", [t, softmax]), axes, keepdims=True)
+        return [em.op("Sub", [t, expected_t])]
+
+    return rule
+
+
+def _softmax_batch(default_axis: int) -> BatchRule:
+    def rule(bx: Batcher, node: ir.Node, args: Args, batched: Sequence[bool]) -> BatchResult:
+        """The operator along the shifted axis (see the module doc for the flattening forms)."""
+        x = args[0]
+        assert x is not None
+        axis = int_attr(node, "axis", default_axis)
+        shifted = shift_past_batch([axis], unbatched_rank(node.inputs[0]))[0]
+        return [bx.op(node.op_type, [x], attributes_of(node, axis=shifted))], [True]
+
+    return rule
+
+
+# ------------------------------------------------------------------------------- Softmax
+# Opset 13 changed the normalised axes from the flattened block axis..rank-1 (with default
+# axis 1) to axis alone (default -1); no other version changed what the rules depend on.
+softmax = OpRules("Softmax", since=(1, 13))
+softmax.jvp(_softmax_jvp(flatten=True), since=1)
+softmax.jvp(_softmax_jvp(flatten=False), since=13)
+softmax.batch(_softmax_batch(default_axis=1), since=1)
+softmax.batch(_softmax_batch(default_axis=-1), since=13)
+
+# ---------------------------------------------------------------------------- LogSoftmax
+log_softmax = OpRules("LogSoftmax", since=(1, 13))
+log_softmax.jvp(_log_softmax_jvp(flatten=True), since=1)
+log_softmax.jvp(_log_softmax_jvp(flatten=False), since=13)
+log_softmax.batch(_softmax_batch(default_axis=1), since=1)
+log_softmax.batch(_softmax_batch(default_axis=-1), since=13)
