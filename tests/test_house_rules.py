@@ -23,7 +23,6 @@ OVERSIZED: dict[str, str] = {
 }
 # Rule modules not yet moved to the OpRules form (rule-layer redesign).
 OLD_FORM: set[str] = {
-    "onnax.rules._patterns",
     "onnax.rules._resize_weights",
     "onnax.rules._roi_align_samples",
     "onnax.rules.control_flow",

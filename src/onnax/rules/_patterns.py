@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Sequence
 
 import numpy as np
 import onnx_ir as ir
@@ -17,9 +17,6 @@ from onnax.core.registry import (
     JvpRule,
     Tangents,
     TransposeRule,
-    batch_rules,
-    jvp_rules,
-    transpose_rules,
 )
 
 __all__ = [
@@ -34,11 +31,6 @@ __all__ = [
     "linear_unary_transpose",
     "note_ranks",
     "vectorized_batch",
-    "register_broadcasting_batch",
-    "register_vectorized_batch",
-    "register_elementwise_unary",
-    "register_linear_unary",
-    "register_zero",
 ]
 
 Coefficient = Callable[[Emitter, ir.Node, ir.Value, ir.Value], ir.Value]
@@ -155,128 +147,11 @@ def note_ranks(rule: BatchRule) -> BatchRule:
     return noted
 
 
-# The register_* helpers below predate OpRules; they go once no module uses them.
-def register_elementwise_unary(
-    op_type: str, since_versions: Iterable[int], coefficient: Coefficient
-) -> None:
-    """Registers ``fwd_y = coefficient(x, y) * fwd_x`` for a one-input elementwise operator.
-
-    Its reverse mode comes from the transpose of ``Mul``; no transpose rule is needed.
-    """
-
-    def rule(
-        em: Emitter, node: ir.Node, tangents: Sequence[ir.Value | None]
-    ) -> list[ir.Value | None]:
-        t = tangents[0]
-        if t is None:
-            return [None]
-        coef = coefficient(em, node, node.inputs[0], node.outputs[0])  # type: ignore[arg-type]
-        return [em.op("Mul", [t, coef])]
-
-    for v in since_versions:
-        jvp_rules.add(op_type, rule, since_version=v)
-
-
-def register_linear_unary(
-    op_type: str, since_versions: Iterable[int], transpose_op: str | None = None
-) -> None:
-    """Registers a one-input operator that is linear in its first input (``Neg``, ``Identity``).
-
-    The tangent is the operator applied to the tangent; the transpose applies ``transpose_op``
-    (default: the operator itself) to the cotangent. Attributes are carried over.
-    """
-
-    def jvp(
-        em: Emitter, node: ir.Node, tangents: Sequence[ir.Value | None]
-    ) -> list[ir.Value | None]:
-        t = tangents[0]
-        if t is None:
-            return [None]
-        attrs = {k: a.value for k, a in node.attributes.items()}
-        return [em.op(node.op_type, [t, *node.inputs[1:]], attrs)]
-
-    def transpose(
-        em: Emitter, node: ir.Node, cts: Sequence[ir.Value | None], linear: Sequence[bool]
-    ) -> list[ir.Value | None]:
-        ct = cts[0]
-        if ct is None:
-            return [None]
-        attrs = {k: a.value for k, a in node.attributes.items()}
-        return [em.op(transpose_op or node.op_type, [ct, *node.inputs[1:]], attrs)]
-
-    for v in since_versions:
-        jvp_rules.add(op_type, jvp, since_version=v)
-        transpose_rules.add(op_type, transpose, since_version=v)
-
-
-def register_zero(op_types: Iterable[str], since_version: int = 1) -> None:
-    """Registers operators whose outputs have a zero derivative (or are not floating point)."""
-
-    def rule(
-        em: Emitter, node: ir.Node, tangents: Sequence[ir.Value | None]
-    ) -> list[ir.Value | None]:
-        return [None] * len(node.outputs)
-
-    for op_type in op_types:
-        jvp_rules.add(op_type, rule, since_version=since_version)
-
-
 def attributes_of(node: ir.Node, **overrides: object) -> dict[str, object]:
     """The node's attributes as Python values, with some replaced (None drops one)."""
     attrs: dict[str, object] = {k: a.value for k, a in node.attributes.items()}
     attrs.update(overrides)
     return {k: v for k, v in attrs.items() if v is not None}
-
-
-def register_vectorized_batch(op_types: Iterable[str], since_version: int = 1) -> None:
-    """Batch rule for operators that act on each element independently: apply them as they are.
-
-    Only the first input may be batched; further inputs (if any) must be shared, which the rule
-    checks by materializing them otherwise.
-    """
-
-    def rule(
-        bx: Batcher, node: ir.Node, args: Sequence[ir.Value | None], batched: Sequence[bool]
-    ) -> tuple[list[ir.Value | None], list[bool]]:
-        outs = bx.op_multi(
-            node.op_type,
-            list(args),
-            attributes_of(node),
-            num_outputs=len(node.outputs),
-            domain=node.domain,
-        )
-        return list(outs), [True] * len(outs)
-
-    for op_type in op_types:
-        batch_rules.add(op_type, rule, since_version=since_version)
-
-
-def register_broadcasting_batch(op_types: Iterable[str], since_version: int = 1) -> None:
-    """Batch rule for multidirectionally broadcasting elementwise operators (Add, Where, ...).
-
-    Batched operands get size-1 axes after the batch axis so that numpy-style right alignment
-    still lines up their own dimensions; shared operands broadcast as they are.
-    """
-
-    def rule(
-        bx: Batcher, node: ir.Node, args: Sequence[ir.Value | None], batched: Sequence[bool]
-    ) -> tuple[list[ir.Value | None], list[bool]]:
-        rank = max(bx.rank(v) for v in node.inputs if v is not None)
-        aligned = [
-            None if a is None or v is None else bx.align(a, b, v, rank)
-            for a, b, v in zip(args, batched, node.inputs, strict=True)
-        ]
-        outs = bx.op_multi(
-            node.op_type,
-            aligned,
-            attributes_of(node),
-            num_outputs=len(node.outputs),
-            domain=node.domain,
-        )
-        return list(outs), [True] * len(outs)
-
-    for op_type in op_types:
-        batch_rules.add(op_type, rule, since_version=since_version)
 
 
 class TypedOps:

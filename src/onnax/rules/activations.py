@@ -5,7 +5,7 @@ Tanh, Sigmoid, the ReLU family (Relu LeakyRelu PRelu Elu Selu Celu ThresholdedRe
 Softsign HardSigmoid HardSwish Mish and Gelu.
 
 Every operator here except ``PRelu`` is elementwise with one input, so its tangent is
-``fwd_y = coef(x, y) * fwd_x`` (:func:`register_elementwise_unary`); its reverse mode is the
+``fwd_y = coef(x, y) * fwd_x`` (:func:`onnax.rules._patterns.elementwise_unary`); its reverse mode is the
 transpose of that ``Mul``. The coefficient is computed from primal values only and reuses the
 primal output ``y`` where that is exact (``Exp``: ``y``; ``Tanh``: ``1 - y*y``), which saves
 recomputing a transcendental function.
