@@ -44,7 +44,6 @@ OLD_FORM: set[str] = {
     "onnax.rules.pool",
     "onnax.rules.quant",
     "onnax.rules.random",
-    "onnax.rules.recurrent",
     "onnax.rules.reduce",
     "onnax.rules.resample",
     "onnax.rules.resize",
