@@ -35,7 +35,6 @@ OLD_FORM: set[str] = {
     "onnax.rules.activations",
     "onnax.rules.conv",
     "onnax.rules.elementwise",
-    "onnax.rules.gridsample",
     "onnax.rules.im2col",
     "onnax.rules.indexing",
     "onnax.rules.linalg",
