@@ -30,7 +30,6 @@ OVERSIZED: dict[str, str] = {
 # Rule modules not yet moved to the OpRules form (rule-layer redesign).
 OLD_FORM: set[str] = {
     "onnax.rules._patterns",
-    "onnax.rules._roi_align_samples",
     "onnax.rules.activations",
     "onnax.rules.conv",
     "onnax.rules.elementwise",
@@ -44,7 +43,6 @@ OLD_FORM: set[str] = {
     "onnax.rules.random",
     "onnax.rules.reduce",
     "onnax.rules.resample",
-    "onnax.rules.roi",
     "onnax.rules.scans",
     "onnax.rules.sequence",
     "onnax.rules.shape",
