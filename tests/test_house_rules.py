@@ -42,7 +42,6 @@ OLD_FORM: set[str] = {
     "onnax.rules.quant",
     "onnax.rules.random",
     "onnax.rules.reduce",
-    "onnax.rules.resample",
     "onnax.rules.scans",
     "onnax.rules.sequence",
     "onnax.rules.shape",
