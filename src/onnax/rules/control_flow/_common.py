@@ -63,7 +63,11 @@ def emit_node(
     attributes: Mapping[str, object],
     num_outputs: int,
 ) -> ir.Node:
-    """Emits one node with subgraph attributes (which :meth:`Emitter.op` does not take)."""
+    """Emits one node and returns it (not its outputs, as :meth:`Emitter.op_multi` does).
+
+    The caller names it, annotates it and decides which of its outputs are linear: unlike
+    ``op_multi``, nothing marks the outputs linear because an input is.
+    """
     node = ir.node(op_type, list(inputs), attributes=dict(attributes), num_outputs=num_outputs)  # type: ignore[arg-type]
     em.nodes.append(node)
     return node
