@@ -408,7 +408,7 @@ def _masked_loop(bx: Batcher, node: ir.Node, args: Args, batched: Sequence[bool]
     n = len(node.inputs) - 2
     k = len(node.outputs) - n
     why = "trip count" if batched[0] else "condition"
-    # Reverse mode's records of the states (control_flow.RECORDS) may be padded: each example
+    # Reverse mode's records of the states (RECORDS) may be padded: each example
     # reads only the rows of the iterations it ran. A user's scan output has no such reader.
     records = record_outputs(node)
     unpadded = [j for j in range(k) if n + j not in records]
