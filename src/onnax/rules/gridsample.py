@@ -335,13 +335,12 @@ def _split_axis(bx: Batcher, v: ir.Value, axis: int, rank: int) -> ir.Value:
 affine_grid = OpRules("AffineGrid", since=20)
 
 
-@affine_grid.jvp
-def _affine_grid_jvp(em: Emitter, node: ir.Node, tangents: Tangents) -> list[ir.Value | None]:
+def _affine_grid_tangent(em: Emitter, node: ir.Node, t: ir.Value) -> ir.Value:
     """AffineGrid is linear in theta (size is integer)."""
-    t = tangents[0]
-    if t is None:
-        return [None]
-    return [em.op("AffineGrid", [t, node.inputs[1]], attributes_of(node))]
+    return em.op("AffineGrid", [t, node.inputs[1]], attributes_of(node))
+
+
+affine_grid.defjvp(_affine_grid_tangent)
 
 
 @affine_grid.transpose

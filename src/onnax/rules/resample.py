@@ -71,14 +71,13 @@ depth_to_space = OpRules("DepthToSpace", since=1)
 space_to_depth = OpRules("SpaceToDepth", since=1)
 
 
-@depth_to_space.jvp
-@space_to_depth.jvp
-def _relayout_jvp(em: Emitter, node: ir.Node, tangents: Tangents) -> list[ir.Value | None]:
+def _relayout_tangent(em: Emitter, node: ir.Node, t: ir.Value) -> ir.Value:
     """The operator applied to the tangent (it only moves elements)."""
-    t = tangents[0]
-    if t is None:
-        return [None]
-    return [em.op(node.op_type, [t], attributes_of(node))]
+    return em.op(node.op_type, [t], attributes_of(node))
+
+
+depth_to_space.defjvp(_relayout_tangent)
+space_to_depth.defjvp(_relayout_tangent)
 
 
 @depth_to_space.transpose
@@ -167,21 +166,21 @@ def _cofactors(em: Emitter, a: ir.Value, n: int, rank: int) -> ir.Value:
 det = OpRules("Det", since=11)
 
 
-@det.jvp
-def _det_jvp(em: Emitter, node: ir.Node, tangents: Tangents) -> list[ir.Value | None]:
+def _det_tangent(em: Emitter, node: ir.Node, t: ir.Value) -> ir.Value:
     """``d det(A) = sum_ij cof(A)_ij dA_ij`` over the last two axes."""
-    t, a = tangents[0], node.inputs[0]
-    if t is None:
-        return [None]
+    a = node.inputs[0]
     if a is None or a.shape is None:
         raise InternalRuleError(f"{op_label(node)} jvp: input without a shape")
     n = _det_size(node)
     rank = a.shape.rank()
     if n == 1:
         # det of a 1x1 matrix is its only element.
-        return [em.squeeze(t, [rank - 2, rank - 1])]
+        return em.squeeze(t, [rank - 2, rank - 1])
     cof = _cofactors(em, a, n, rank)
-    return [em.reduce_sum(em.op("Mul", [cof, t]), [rank - 2, rank - 1], keepdims=False)]
+    return em.reduce_sum(em.op("Mul", [cof, t]), [rank - 2, rank - 1], keepdims=False)
+
+
+det.defjvp(_det_tangent)
 
 
 @det.batch

@@ -287,12 +287,9 @@ def _per_channel(
 max_roi_pool = OpRules("MaxRoiPool", since=1)
 
 
-@max_roi_pool.jvp
-def _max_roi_pool_jvp(em: Emitter, node: ir.Node, tangents: Tangents) -> list[ir.Value | None]:
+def _max_roi_pool_tangent(em: Emitter, node: ir.Node, t: ir.Value) -> ir.Value:
     """The tangent of X at the element each bin copies (rois: zero almost everywhere)."""
-    t, x, rois, y = tangents[0], node.inputs[0], node.inputs[1], node.outputs[0]
-    if t is None:
-        return [None]
+    x, rois, y = node.inputs[0], node.inputs[1], node.outputs[0]
     if x is None or rois is None or x.dtype is None:
         raise InternalRuleError(f"{op_label(node)} jvp: missing input")
     shape_x = em.shape(x)
@@ -326,7 +323,10 @@ def _max_roi_pool_jvp(em: Emitter, node: ir.Node, tangents: Tangents) -> list[ir
     found = em.op("Cast", [em.reduce("ReduceMax", hit_int, [2], keepdims=False)], {"to": x.dtype})
     t_roi = em.op("Reshape", [em.op("Gather", [t, index], {"axis": 0}), em.ints([0, 0, -1])])
     picked = em.op("GatherElements", [t_roi, argmax], {"axis": 2})
-    return [em.op("Reshape", [em.op("Mul", [picked, found]), em.shape(y)])]
+    return em.op("Reshape", [em.op("Mul", [picked, found]), em.shape(y)])
+
+
+max_roi_pool.defjvp(_max_roi_pool_tangent)
 
 
 @max_roi_pool.batch
