@@ -49,6 +49,7 @@ __all__: list[str] = []
 if_ops = OpRules("If", since=1)
 
 
+# ------------------------------------------------------------------------- jvp and transpose
 @if_ops.jvp
 def _if_jvp(em: Emitter, node: ir.Node, tangents: Tangents) -> Tangents:
     sem = scoped(em)
@@ -124,6 +125,7 @@ def _if_transpose(em: Emitter, node: ir.Node, cts: Tangents, linear: Sequence[bo
     return [None, *new.outputs]
 
 
+# -------------------------------------------------------------------------------------- vmap
 def _random_in(graph: ir.Graph) -> ir.Node | None:
     return next((n for n in graph.all_nodes() if n.domain == "" and n.op_type in RANDOM_OPS), None)
 

@@ -93,6 +93,7 @@ def _mark_records(node: ir.Node, indices: Iterable[int]) -> None:
 loop = OpRules("Loop", since=1)
 
 
+# ------------------------------------------------------------------------- jvp and transpose
 @loop.jvp
 def _loop_jvp(em: Emitter, node: ir.Node, tangents: Tangents) -> Tangents:
     sem = scoped(em)
@@ -305,6 +306,7 @@ def _loop_transpose(em: Emitter, node: ir.Node, cts: Tangents, linear: Sequence[
     return [None, None, *outs[:a], *outs[a:]]
 
 
+# -------------------------------------------------------------------------------------- vmap
 def _any(bx: Batcher, flags: ir.Value) -> ir.Value:
     """True when some element of a boolean vector is (a rank-0 bool)."""
     count = bx.reduce(

@@ -41,7 +41,12 @@ from onnax.rules.control_flow._common import (
 
 __all__: list[str] = []
 
+# Every schema version from 9: the changes (sequence states, new element types) do not touch
+# how tensors flow through the body.
+scan = OpRules("Scan", since=9)
 
+
+# ------------------------------------------------------------------------- jvp and transpose
 def _ints(node: ir.Node, name: str, count: int) -> list[int]:
     got = node.attributes.get_ints(name, None)
     return list(got) if got is not None else [0] * count
@@ -68,11 +73,6 @@ def _scan_attrs(node: ir.Node, body: ir.Graph, **ints: list[int]) -> dict[str, o
         if values:
             attrs[name] = values
     return attrs
-
-
-# Every schema version from 9: the changes (sequence states, new element types) do not touch
-# how tensors flow through the body.
-scan = OpRules("Scan", since=9)
 
 
 @scan.jvp
@@ -248,6 +248,7 @@ def _scan_transpose(em: Emitter, node: ir.Node, cts: Tangents, linear: Sequence[
     return [*result, *outs[a : a + len(captured)]]
 
 
+# -------------------------------------------------------------------------------------- vmap
 def _axis(axis: int, value: ir.Value, bx: Batcher, extra: int = 0) -> int:
     """A non-negative axis of ``value`` (of rank ``rank(value) + extra``)."""
     return axis if axis >= 0 else axis + bx.rank(value) + extra
