@@ -1,4 +1,4 @@
-"""Control flow (rules in onnax.rules.control_flow): If, Scan and Loop in jvp and vjp.
+"""Control flow (rules in the package onnax.rules.control_flow): If, Scan and Loop in jvp and vjp.
 
 Every case is checked by ``run_case``: jvp and vjp against float64 central differences through
 onnxruntime, and jvp against vjp by the adjoint identity, in float and double, at opsets 11, 13,

@@ -6,7 +6,7 @@ batched computation right after it; the original node then becomes dead and is r
 values keep their batch dimension at axis 0 inside the graph; inputs and outputs are moved to
 and from the requested axes at the boundary.
 
-Control flow (If, Loop, Scan; :mod:`onnax.rules.control_flow_batch`) batches its subgraphs
+Control flow (If, Loop, Scan; :mod:`onnax.rules.control_flow`) batches its subgraphs
 through the same walk and the same map from original values to replacements, so a body that
 reads a batched value of an enclosing graph (implicit capture) reads its batched replacement. A
 node whose subgraph reads a batched value, or draws random numbers under ``randomness`` other

@@ -44,8 +44,9 @@ FAMILIES = (
     "quant",
     "unique",
     "recurrent",
-    "control_flow",
-    "control_flow_batch",
+    "control_flow.if_",
+    "control_flow.scan",
+    "control_flow.loop",
     "sequence",
 )
 

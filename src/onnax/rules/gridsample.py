@@ -35,19 +35,14 @@ import onnx_ir as ir
 from onnax.core.batching import Batcher, refuse_batched
 from onnax.core.diagnostics import node_label, op_label
 from onnax.core.emit import Emitter, InternalRuleError
-from onnax.core.registry import batch_rules, jvp_rules, transpose_rules
+from onnax.core.registry import Args, BatchResult, OpRules, Tangents
 from onnax.errors import UnsupportedOperatorError
 from onnax.rules._patterns import TypedOps, attributes_of
 
 __all__: list[str] = []
 
-Tangents = Sequence[ir.Value | None]
-Args = Sequence[ir.Value | None]
-BatchResult = tuple[list[ir.Value | None], list[bool]]
 Tap = tuple[ir.Value, ir.Value, ir.Value]  # (index as float, weight, dweight/dcoordinate)
 
-_GRID_SAMPLE_VERSIONS = (16, 20, 22)
-_AFFINE_GRID_VERSIONS = (20,)
 _BIG = 2**62
 _CUBIC_A = -0.75
 
@@ -227,6 +222,12 @@ def _cast_like(em: Emitter, v: ir.Value, like: ir.Value) -> ir.Value:
 
 
 # ------------------------------------------------------------------------------ GridSample
+# One set of rules for every version from 16: 20 added N-d grids and renamed the modes, which
+# the rules read from the node.
+grid_sample = OpRules("GridSample", since=16)
+
+
+@grid_sample.jvp
 def _grid_sample_jvp(em: Emitter, node: ir.Node, tangents: Tangents) -> list[ir.Value | None]:
     """GridSample of the tangent of X, plus the moves of the sampling points."""
     t_x, t_grid = tangents[0], tangents[1]
@@ -261,6 +262,7 @@ def _grid_sample_jvp(em: Emitter, node: ir.Node, tangents: Tangents) -> list[ir.
     return [em.add_all([x_term, em.op("Reshape", [total, em.shape(y)])])]
 
 
+@grid_sample.transpose
 def _grid_sample_transpose(
     em: Emitter, node: ir.Node, cts: Tangents, linear: Sequence[bool]
 ) -> list[ir.Value | None]:
@@ -278,6 +280,7 @@ def _grid_sample_transpose(
     return [em.op("Reshape", [flat, s.shape_x]), None]
 
 
+@grid_sample.batch
 def _grid_sample_batch(
     bx: Batcher, node: ir.Node, args: Args, batched: Sequence[bool]
 ) -> BatchResult:
@@ -328,21 +331,19 @@ def _split_axis(bx: Batcher, v: ir.Value, axis: int, rank: int) -> ir.Value:
     return bx.op("Reshape", [v, bx.op("Concat", parts, {"axis": 0})])
 
 
-for _v in _GRID_SAMPLE_VERSIONS:
-    jvp_rules.add("GridSample", _grid_sample_jvp, since_version=_v)
-    transpose_rules.add("GridSample", _grid_sample_transpose, since_version=_v)
-    batch_rules.add("GridSample", _grid_sample_batch, since_version=_v)
-
-
 # ------------------------------------------------------------------------------ AffineGrid
-def _affine_grid_jvp(em: Emitter, node: ir.Node, tangents: Tangents) -> list[ir.Value | None]:
+affine_grid = OpRules("AffineGrid", since=20)
+
+
+def _affine_grid_tangent(em: Emitter, node: ir.Node, t: ir.Value) -> ir.Value:
     """AffineGrid is linear in theta (size is integer)."""
-    t = tangents[0]
-    if t is None:
-        return [None]
-    return [em.op("AffineGrid", [t, node.inputs[1]], attributes_of(node))]
+    return em.op("AffineGrid", [t, node.inputs[1]], attributes_of(node))
 
 
+affine_grid.defjvp(_affine_grid_tangent)
+
+
+@affine_grid.transpose
 def _affine_grid_transpose(
     em: Emitter, node: ir.Node, cts: Tangents, linear: Sequence[bool]
 ) -> list[ir.Value | None]:
@@ -381,6 +382,7 @@ def _affine_dims(node: ir.Node) -> int:
     )
 
 
+@affine_grid.batch
 def _affine_grid_batch(
     bx: Batcher, node: ir.Node, args: Args, batched: Sequence[bool]
 ) -> BatchResult:
@@ -405,9 +407,3 @@ def _affine_grid_batch(
 def _static_tail(node: ir.Node) -> list[int]:
     k = _affine_dims(node)
     return [k, k + 1]
-
-
-for _v in _AFFINE_GRID_VERSIONS:
-    jvp_rules.add("AffineGrid", _affine_grid_jvp, since_version=_v)
-    transpose_rules.add("AffineGrid", _affine_grid_transpose, since_version=_v)
-    batch_rules.add("AffineGrid", _affine_grid_batch, since_version=_v)

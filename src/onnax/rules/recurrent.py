@@ -1,7 +1,7 @@
 """RNN, GRU and LSTM lowered to a ``Scan`` over one time step of their equations.
 
 The recurrent operators have no derivative rules of their own: each registers a *lowering*
-(:data:`onnax.core.registry.lowerings`) that rewrites it into primitives, so that ``jvp``,
+(:meth:`onnax.core.registry.OpRules.lowering`) that rewrites it into primitives, so that ``jvp``,
 ``vjp`` and ``vmap`` see a ``Scan`` of ``MatMul``/``Add``/activations, each covered by its own
 rules. One ``Scan`` runs per direction:
 
@@ -36,7 +36,7 @@ import onnx_ir as ir
 
 from onnax.core.diagnostics import node_label, op_label
 from onnax.core.emit import Emitter
-from onnax.core.registry import lowerings
+from onnax.core.registry import OpRules
 from onnax.errors import UnsupportedOperatorError
 
 __all__ = ["ACTIVATIONS"]
@@ -410,6 +410,11 @@ def _used(node: ir.Node, i: int) -> bool:
     return bool(v.name) or bool(v.uses()) or v.is_graph_output()
 
 
+# 14 added `layout`, 22 bfloat16; one lowering reads the attributes of all versions.
+recurrent = OpRules(("RNN", "GRU", "LSTM"), since=7)
+
+
+@recurrent.lowering
 def _lower(em: Emitter, node: ir.Node) -> list[ir.Value | None]:
     """Lowers one RNN/GRU/LSTM node to one Scan per direction (see the module docstring)."""
     cfg = _config(node)
@@ -480,9 +485,3 @@ def _lower(em: Emitter, node: ir.Node) -> list[ir.Value | None]:
             if out.shape is not None:
                 new.shape = out.shape
     return results
-
-
-for _op in ("RNN", "GRU", "LSTM"):
-    for _v in (7, 14, 22):
-        # 14 added `layout`, 22 bfloat16; one lowering reads the attributes of all three.
-        lowerings.add(_op, _lower, since_version=_v)

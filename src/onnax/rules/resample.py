@@ -15,7 +15,7 @@ small (``_MAX_DET_SIZE``) because the minors grow as n^2 (n-1)^2 elements per ma
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Sequence
+from collections.abc import Sequence
 
 import numpy as np
 import onnx_ir as ir
@@ -24,24 +24,10 @@ from onnax.core.attrs import int_attr
 from onnax.core.batching import Batcher
 from onnax.core.diagnostics import node_label, op_label
 from onnax.core.emit import Emitter, InternalRuleError
-from onnax.core.registry import (
-    BatchRule,
-    JvpRule,
-    TransposeRule,
-    batch_rules,
-    jvp_rules,
-    transpose_rules,
-)
+from onnax.core.registry import Args, BatchResult, OpRules, Tangents
 from onnax.errors import UnsupportedOperatorError
 from onnax.rules._patterns import attributes_of
 
-Tangents = Sequence[ir.Value | None]
-Args = Sequence[ir.Value | None]
-BatchResult = tuple[list[ir.Value | None], list[bool]]
-
-_D2S_VERSIONS = (1, 11, 13, 28)
-_S2D_VERSIONS = (1, 13, 28)
-_DET_VERSIONS = (11, 22)
 _MAX_DET_SIZE = 4
 _BIG = 2**62
 
@@ -79,14 +65,22 @@ def _space_to_depth(
     return em.op("Reshape", [moved, x_shape])
 
 
-def _relayout_jvp(em: Emitter, node: ir.Node, tangents: Tangents) -> list[ir.Value | None]:
+# One rule pair serves every version: 11 added DepthToSpace's CRD mode and 28 SpaceToDepth's,
+# which the rules read from the node (and the transposes from the opset).
+depth_to_space = OpRules("DepthToSpace", since=1)
+space_to_depth = OpRules("SpaceToDepth", since=1)
+
+
+def _relayout_tangent(em: Emitter, node: ir.Node, t: ir.Value) -> ir.Value:
     """The operator applied to the tangent (it only moves elements)."""
-    t = tangents[0]
-    if t is None:
-        return [None]
-    return [em.op(node.op_type, [t], attributes_of(node))]
+    return em.op(node.op_type, [t], attributes_of(node))
 
 
+depth_to_space.defjvp(_relayout_tangent)
+space_to_depth.defjvp(_relayout_tangent)
+
+
+@depth_to_space.transpose
 def _d2s_transpose(
     em: Emitter, node: ir.Node, cts: Tangents, linear: Sequence[bool]
 ) -> list[ir.Value | None]:
@@ -98,6 +92,7 @@ def _d2s_transpose(
     return [_space_to_depth(em, ct, blocksize, _mode(node), em.shape(x))]
 
 
+@space_to_depth.transpose
 def _s2d_transpose(
     em: Emitter, node: ir.Node, cts: Tangents, linear: Sequence[bool]
 ) -> list[ir.Value | None]:
@@ -111,6 +106,8 @@ def _s2d_transpose(
     return [em.op("DepthToSpace", [ct], attrs)]
 
 
+@depth_to_space.batch
+@space_to_depth.batch
 def _relayout_batch(bx: Batcher, node: ir.Node, args: Args, batched: Sequence[bool]) -> BatchResult:
     """Folds the batch axis into N (``[B, N, C, H, W]`` to ``[B*N, C, H, W]``) and back."""
     x, original = args[0], node.inputs[0]
@@ -125,23 +122,6 @@ def _relayout_batch(bx: Batcher, node: ir.Node, args: Args, batched: Sequence[bo
     rest = bx.slice(bx.op("Shape", [out]), [1], [_BIG], [0])
     target = bx.op("Concat", [bx.batch_size, bx.ints([-1]), rest], {"axis": 0})
     return [bx.op("Reshape", [out, target])], [True]
-
-
-def _register(
-    op_type: str,
-    versions: Iterable[int],
-    jvp: JvpRule,
-    transpose: TransposeRule,
-    batch: BatchRule,
-) -> None:
-    for v in versions:
-        jvp_rules.add(op_type, jvp, since_version=v)
-        transpose_rules.add(op_type, transpose, since_version=v)
-        batch_rules.add(op_type, batch, since_version=v)
-
-
-_register("DepthToSpace", _D2S_VERSIONS, _relayout_jvp, _d2s_transpose, _relayout_batch)
-_register("SpaceToDepth", _S2D_VERSIONS, _relayout_jvp, _s2d_transpose, _relayout_batch)
 
 
 # ------------------------------------------------------------------------------------ Det
@@ -182,30 +162,31 @@ def _cofactors(em: Emitter, a: ir.Value, n: int, rank: int) -> ir.Value:
     return em.op("Mul", [dets, em.const(signs.astype(dtype.numpy()))])
 
 
-def _det_jvp(em: Emitter, node: ir.Node, tangents: Tangents) -> list[ir.Value | None]:
+# 22 added bfloat16; one rule pair serves both versions.
+det = OpRules("Det", since=11)
+
+
+def _det_tangent(em: Emitter, node: ir.Node, t: ir.Value) -> ir.Value:
     """``d det(A) = sum_ij cof(A)_ij dA_ij`` over the last two axes."""
-    t, a = tangents[0], node.inputs[0]
-    if t is None:
-        return [None]
+    a = node.inputs[0]
     if a is None or a.shape is None:
         raise InternalRuleError(f"{op_label(node)} jvp: input without a shape")
     n = _det_size(node)
     rank = a.shape.rank()
     if n == 1:
         # det of a 1x1 matrix is its only element.
-        return [em.squeeze(t, [rank - 2, rank - 1])]
+        return em.squeeze(t, [rank - 2, rank - 1])
     cof = _cofactors(em, a, n, rank)
-    return [em.reduce_sum(em.op("Mul", [cof, t]), [rank - 2, rank - 1], keepdims=False)]
+    return em.reduce_sum(em.op("Mul", [cof, t]), [rank - 2, rank - 1], keepdims=False)
 
 
+det.defjvp(_det_tangent)
+
+
+@det.batch
 def _det_batch(bx: Batcher, node: ir.Node, args: Args, batched: Sequence[bool]) -> BatchResult:
     """Det already maps over the leading axes, the batch axis included."""
     x = args[0]
     if x is None:
         raise InternalRuleError(f"{op_label(node)} batch: missing input")
     return [bx.op("Det", [x])], [True]
-
-
-for _v in _DET_VERSIONS:
-    jvp_rules.add("Det", _det_jvp, since_version=_v)
-    batch_rules.add("Det", _det_batch, since_version=_v)

@@ -44,18 +44,13 @@ from onnax.core.attrs import const_ints
 from onnax.core.batching import Batcher, refuse_batched
 from onnax.core.diagnostics import node_label, op_label
 from onnax.core.emit import Emitter, InternalRuleError
-from onnax.core.registry import batch_rules, jvp_rules, transpose_rules
+from onnax.core.registry import Args, BatchResult, OpRules, Tangents
 from onnax.errors import UnsupportedOperatorError
 from onnax.rules._patterns import attributes_of
 from onnax.rules._resize_weights import ResizeGeometry, axis_weights, contract
 
 __all__: list[str] = []
 
-Tangents = Sequence[ir.Value | None]
-Args = Sequence[ir.Value | None]
-BatchResult = tuple[list[ir.Value | None], list[bool]]
-
-_RESIZE_VERSIONS = (10, 11, 13, 18, 19)
 _BIG = 2**62
 
 
@@ -115,7 +110,13 @@ def _geometry(em: Emitter, node: ir.Node, x: ir.Value, y: ir.Value) -> ResizeGeo
     )
 
 
+# One set of rules for every version from 10: the later ones add inputs (roi, sizes) and
+# attributes that the rules read from the node and the opset.
+resize = OpRules("Resize", since=10)
+
+
 # ------------------------------------------------------------------------------------ jvp
+@resize.jvp
 def _resize_jvp(em: Emitter, node: ir.Node, tangents: Tangents) -> list[ir.Value | None]:
     """The same Resize of the tangent of X, plus the moves of the sampling coordinates."""
     t = tangents[0]
@@ -187,6 +188,7 @@ def _cast(em: Emitter, v: ir.Value, like: ir.Value) -> ir.Value:
 
 
 # ------------------------------------------------------------------------------ transpose
+@resize.transpose
 def _resize_transpose(
     em: Emitter, node: ir.Node, cts: Tangents, linear: Sequence[bool]
 ) -> list[ir.Value | None]:
@@ -254,6 +256,7 @@ def _nearest_transpose(em: Emitter, node: ir.Node, ct: ir.Value, x: ir.Value) ->
 
 
 # ---------------------------------------------------------------------------------- batch
+@resize.batch
 def _resize_batch(bx: Batcher, node: ir.Node, args: Args, batched: Sequence[bool]) -> BatchResult:
     """Resize of one more leading axis that keeps its size (scale 1, or the batch size)."""
     shape_roles = {1: "scales"} if bx.opset < 11 else {2: "scales", 3: "sizes"}
@@ -383,9 +386,3 @@ def _resize_folded(
     return bx.op(
         "Reshape", [out, bx.op("Concat", [bx.batch_size, bx.ints([-1]), tail], {"axis": 0})]
     )
-
-
-for _v in _RESIZE_VERSIONS:
-    jvp_rules.add("Resize", _resize_jvp, since_version=_v)
-    transpose_rules.add("Resize", _resize_transpose, since_version=_v)
-    batch_rules.add("Resize", _resize_batch, since_version=_v)

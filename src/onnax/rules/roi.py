@@ -30,19 +30,13 @@ import onnx_ir as ir
 from onnax.core.batching import Batcher
 from onnax.core.diagnostics import node_label, op_label
 from onnax.core.emit import Emitter, InternalRuleError
-from onnax.core.registry import batch_rules, jvp_rules, transpose_rules
+from onnax.core.registry import Args, BatchResult, OpRules, Tangents
 from onnax.errors import UnsupportedOperatorError
 from onnax.rules._patterns import attributes_of
 from onnax.rules._roi_align_samples import RoiSamples
 
 __all__: list[str] = []
 
-Tangents = Sequence[ir.Value | None]
-Args = Sequence[ir.Value | None]
-BatchResult = tuple[list[ir.Value | None], list[bool]]
-
-_ROI_ALIGN_VERSIONS = (10, 16, 22)
-_MAX_ROI_POOL_VERSIONS = (1, 22)
 _BIG = 2**62
 
 
@@ -60,6 +54,11 @@ def _basis(em: Emitter, shape_x: ir.Value, dtype: ir.DataType) -> ir.Value:
 
 
 # -------------------------------------------------------------------------------- RoiAlign
+# One set of rules for every version from 10: 16 added coordinate_transformation_mode, which
+# the rules read from the node, and ScatterElements' reduction, which they read from the opset.
+roi_align = OpRules("RoiAlign", since=10)
+
+
 def _check_avg(node: ir.Node, transform: str) -> None:
     mode = node.attributes.get_string("mode", "avg")
     if mode != "avg":
@@ -92,6 +91,7 @@ def _per_channel_view(em: Emitter, v: ir.Value, shape_x: ir.Value) -> ir.Value:
     return em.op("Reshape", [moved, em.op("Concat", [c, em.ints([-1])], {"axis": 0})])
 
 
+@roi_align.jvp
 def _roi_align_jvp(em: Emitter, node: ir.Node, tangents: Tangents) -> list[ir.Value | None]:
     """RoiAlign of the tangent of X, plus the moves of the sampling points with the rois."""
     t = tangents[0]
@@ -131,6 +131,7 @@ def _roi_align_jvp(em: Emitter, node: ir.Node, tangents: Tangents) -> list[ir.Va
     return [em.add_all(terms)]
 
 
+@roi_align.transpose
 def _roi_align_transpose(
     em: Emitter, node: ir.Node, cts: Tangents, linear: Sequence[bool]
 ) -> list[ir.Value | None]:
@@ -203,6 +204,7 @@ def _sum_into_images(
     return em.op("Reshape", [summed, shape_x])
 
 
+@roi_align.batch
 def _roi_align_batch(
     bx: Batcher, node: ir.Node, args: Args, batched: Sequence[bool]
 ) -> BatchResult:
@@ -281,18 +283,13 @@ def _per_channel(
     return bx.transpose(split, [1, 0, 2, 3, 4])
 
 
-for _v in _ROI_ALIGN_VERSIONS:
-    jvp_rules.add("RoiAlign", _roi_align_jvp, since_version=_v)
-    transpose_rules.add("RoiAlign", _roi_align_transpose, since_version=_v)
-    batch_rules.add("RoiAlign", _roi_align_batch, since_version=_v)
-
-
 # ------------------------------------------------------------------------------ MaxRoiPool
-def _max_roi_pool_jvp(em: Emitter, node: ir.Node, tangents: Tangents) -> list[ir.Value | None]:
+max_roi_pool = OpRules("MaxRoiPool", since=1)
+
+
+def _max_roi_pool_tangent(em: Emitter, node: ir.Node, t: ir.Value) -> ir.Value:
     """The tangent of X at the element each bin copies (rois: zero almost everywhere)."""
-    t, x, rois, y = tangents[0], node.inputs[0], node.inputs[1], node.outputs[0]
-    if t is None:
-        return [None]
+    x, rois, y = node.inputs[0], node.inputs[1], node.outputs[0]
     if x is None or rois is None or x.dtype is None:
         raise InternalRuleError(f"{op_label(node)} jvp: missing input")
     shape_x = em.shape(x)
@@ -326,9 +323,13 @@ def _max_roi_pool_jvp(em: Emitter, node: ir.Node, tangents: Tangents) -> list[ir
     found = em.op("Cast", [em.reduce("ReduceMax", hit_int, [2], keepdims=False)], {"to": x.dtype})
     t_roi = em.op("Reshape", [em.op("Gather", [t, index], {"axis": 0}), em.ints([0, 0, -1])])
     picked = em.op("GatherElements", [t_roi, argmax], {"axis": 2})
-    return [em.op("Reshape", [em.op("Mul", [picked, found]), em.shape(y)])]
+    return em.op("Reshape", [em.op("Mul", [picked, found]), em.shape(y)])
 
 
+max_roi_pool.defjvp(_max_roi_pool_tangent)
+
+
+@max_roi_pool.batch
 def _max_roi_pool_batch(
     bx: Batcher, node: ir.Node, args: Args, batched: Sequence[bool]
 ) -> BatchResult:
@@ -352,8 +353,3 @@ def _max_roi_pool_batch(
     moved = bx.op("Concat", [column, bx.slice(rois, [1], [_BIG], [2])], {"axis": 2})
     out = bx.op("MaxRoiPool", [folded_x, bx.op("Reshape", [moved, bx.ints([-1, 5])])], attrs)
     return [_unfold(bx, out)], [True]
-
-
-for _v in _MAX_ROI_POOL_VERSIONS:
-    jvp_rules.add("MaxRoiPool", _max_roi_pool_jvp, since_version=_v)
-    batch_rules.add("MaxRoiPool", _max_roi_pool_batch, since_version=_v)
