@@ -1,7 +1,10 @@
-"""Derivative rules, one module per operator family.
+"""Derivative rules, modules by operator, and the public API for registering more.
 
-Each module registers its jvp and transpose rules (and, later, batch rules) into the registries
-of :mod:`onnax.core.registry` when imported. :func:`collect` imports them all once.
+Each module declares an :class:`~onnax.core.registry.OpRules` block per operator and registers
+its jvp, transpose and batch rules (or lowering) when imported; :func:`collect` imports them all
+once. Rules for operators onnax does not know (custom domains) are registered with
+:func:`register` and its helpers :func:`register_zero_derivative`, :func:`register_linear` and
+:func:`register_elementwise` (see :mod:`onnax.rules.custom`).
 """
 
 from __future__ import annotations
@@ -9,8 +12,23 @@ from __future__ import annotations
 import importlib
 
 from onnax.core.registry import jvp_rules, transpose_rules
+from onnax.rules.custom import (
+    register,
+    register_elementwise,
+    register_linear,
+    register_zero_derivative,
+)
 
-__all__ = ["FAMILIES", "collect", "jvp_rules", "transpose_rules"]
+__all__ = [
+    "FAMILIES",
+    "collect",
+    "jvp_rules",
+    "register",
+    "register_elementwise",
+    "register_linear",
+    "register_zero_derivative",
+    "transpose_rules",
+]
 
 FAMILIES = (
     "elementwise",
