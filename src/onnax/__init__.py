@@ -1,7 +1,9 @@
 """onnax: JAX-style transformations (grad, jvp, vjp) of ONNX models, emitting ordinary ONNX."""
 
 from onnax.api import grad, hessian, jacfwd, jacrev, jvp, unroll, vjp, vmap
+from onnax.checking import CheckResult, check
 from onnax.errors import (
+    CheckError,
     InvalidModelError,
     OnnaxError,
     SelectionError,
@@ -12,6 +14,8 @@ from onnax.passes import GradPass, JvpPass, VjpPass
 from onnax.passes.vmap import VmapPass
 
 __all__ = [
+    "CheckError",
+    "CheckResult",
     "GradPass",
     "InvalidModelError",
     "JvpPass",
@@ -21,6 +25,7 @@ __all__ = [
     "UnsupportedValueError",
     "VjpPass",
     "VmapPass",
+    "check",
     "grad",
     "hessian",
     "jacfwd",

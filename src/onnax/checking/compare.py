@@ -115,6 +115,11 @@ class _Context:
 
         return at
 
+    def rtol(self, dtype: np.dtype, second_order: bool = False) -> float:
+        """The relative tolerance of a row: the derived type's, or the reference's if looser."""
+        ref = np.dtype(np.float64 if self.f.precision == "float64" else np.float32)
+        return max(relative_tolerance(dtype, second_order), relative_tolerance(ref, second_order))
+
     def floor(self, dtype: np.dtype, magnitude: float) -> float:
         return FLOOR * eps(dtype) * self.f.amplification * magnitude
 
@@ -140,7 +145,7 @@ def _judge(
             rtol * norm(last) + floor,
             "inconclusive",
             f"finite differences at steps {steps[0]:g}..{steps[-1]:g} disagree with each other "
-            f"(spread {settled.uncertainty:.1e}): a kink or discontinuity near this point",
+            f"(spread {settled.uncertainty:.1e}): a kink, discontinuity or fast oscillation near this point",
         )
     ref = settled.value
     tolerance = rtol * norm(ref) + floor + 2 * settled.uncertainty
@@ -253,7 +258,7 @@ def _check_jvp(
                 got[str(o.name)],
                 _pick(at, y),
                 ctx.steps,
-                relative_tolerance(dtype),
+                ctx.rtol(dtype),
                 ctx.floor(dtype, norm(ctx.y[y])),
             )
         )
@@ -317,7 +322,7 @@ def _check_pullback(
                 float(np.sum(pulled * v)),
                 along,
                 ctx.steps,
-                relative_tolerance(dtype),
+                ctx.rtol(dtype),
                 ctx.floor(dtype, primal + dot_terms),
             )
         )
@@ -376,7 +381,7 @@ def _check_jacobians(
                     got,
                     _pick(at, y),
                     ctx.steps,
-                    relative_tolerance(dtype),
+                    ctx.rtol(dtype),
                     ctx.floor(dtype, norm(ctx.y[y])),
                 )
             )
@@ -412,7 +417,7 @@ def _check_jacobians(
                 second_got,
                 second,
                 ctx.second_steps,
-                relative_tolerance(dtype, True),
+                ctx.rtol(dtype, True),
                 ctx.floor(dtype, abs(float(np.sum(ctx.y[y]))) + terms),
             )
         )
