@@ -8,6 +8,7 @@ project's own ``.venv`` untouched.
     uv run python tests/benchmarks/lowest_deps.py --python python3.13  # on another interpreter
     uv run python tests/benchmarks/lowest_deps.py --pin onnxruntime==1.24.1   # try another floor
     uv run python tests/benchmarks/lowest_deps.py --tests none         # the demo only
+    uv run python tests/benchmarks/lowest_deps.py --latest --python python3.13  # newest versions
 """
 
 from __future__ import annotations
@@ -63,8 +64,11 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument(
         "--tests", default=",".join(SAMPLE), help="comma-separated test paths, or 'none'"
     )
+    parser.add_argument(
+        "--latest", action="store_true", help="the newest allowed versions instead of the floors"
+    )
     args = parser.parse_args(argv)
-    pins = floors(ROOT / "pyproject.toml")
+    pins = {} if args.latest else floors(ROOT / "pyproject.toml")
     for item in args.pin:
         name, _, version = item.partition("==")
         pins[name.lower()] = version
@@ -101,7 +105,7 @@ def main(argv: list[str] | None = None) -> int:
                 [python, "-m", "pytest", "-x", "-q", "-n", "0", "-p", "no:cacheprovider", *tests],
                 cwd=src,
             )
-    print("lowest_deps: OK", " ".join(f"{n}=={v}" for n, v in sorted(pins.items())))
+    print("lowest_deps: OK", " ".join(f"{n}=={v}" for n, v in sorted(pins.items())) or "(latest)")
     return 0
 
 
