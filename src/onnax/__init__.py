@@ -19,7 +19,8 @@ from onnax.errors import (
     UnsupportedValueError,
 )
 from onnax.passes import GradPass, JvpPass, VjpPass
-from onnax.passes.derived import FamilyPass, HessianPass, JacfwdPass, JacrevPass
+from onnax.passes.derived import HessianPass, JacfwdPass, JacrevPass
+from onnax.passes.family import FamilyPass
 from onnax.passes.unroll import UnrollPass
 from onnax.passes.vmap import VmapPass
 

@@ -36,7 +36,7 @@ SUBCOMMANDS = (
 
 def build_parser() -> argparse.ArgumentParser:
     """The argument parser of the ``onnax`` command."""
-    from onnax import __version__
+    import onnax
 
     common = argparse.ArgumentParser(add_help=False)
     # SUPPRESS: a subcommand's default must not overwrite a flag given before the subcommand.
@@ -52,7 +52,7 @@ def build_parser() -> argparse.ArgumentParser:
         "Hessians), and derivative families for CasADi.",
         parents=[common],
     )
-    parser.add_argument("--version", action="version", version=f"onnax {__version__}")
+    parser.add_argument("--version", action="version", version=f"onnax {onnax.__version__}")
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
     for module in SUBCOMMANDS:
         importlib.import_module(module).register(sub, common)

@@ -1,4 +1,4 @@
-"""Pass classes for the composed transforms: full Jacobians, Hessians and the CasADi family.
+"""Pass classes for the composed transforms: full Jacobians and Hessians.
 
 Like :class:`~onnax.passes.JvpPass`, each is an ``onnx_ir.passes.FunctionalPass``, so it runs in
 an ``onnx_ir.passes.PassManager`` or ``Sequential`` with other passes::
@@ -9,19 +9,14 @@ an ``onnx_ir.passes.PassManager`` or ``Sequential`` with other passes::
 
 from __future__ import annotations
 
-import os
 import re
-from collections.abc import Mapping, Sequence
-from typing import TYPE_CHECKING, Any
+from collections.abc import Sequence
 
 import onnx_ir as ir
 
 from onnax.errors import OnnaxError
 
-if TYPE_CHECKING:
-    from onnax.casadi import Family
-
-__all__ = ["FamilyPass", "HessianPass", "JacfwdPass", "JacrevPass"]
+__all__ = ["HessianPass", "JacfwdPass", "JacrevPass"]
 
 _INNER = re.compile(r"^(grad|jvp|vjp|vmap|jacfwd|jacrev): ")
 
@@ -116,38 +111,3 @@ class HessianPass(ir.passes.FunctionalPass):
             block.name = f"hess_{y.name}_{x1}_{x2}"
             graph.outputs.append(block)
         return second
-
-
-class FamilyPass(ir.passes.PassBase):
-    """Writes the CasADi family of the model (``onnax.casadi.family``); returns it unchanged.
-
-    A side-effect-only pass in onnx_ir's terms (in place, input unchanged): the files are its
-    product, and after a run :attr:`family` describes them.
-
-    Args:
-        path: The model file to write (``.../f.onnx``); siblings are written beside it.
-        **options: ``inputs``, ``outputs``, ``layout``, ``kinds`` and ``dims`` of ``family``.
-    """
-
-    def __init__(self, path: str | os.PathLike[str], **options: Any) -> None:
-        super().__init__()
-        self.path = path
-        self.options: Mapping[str, Any] = options
-        self.family: Family | None = None
-
-    @property
-    def in_place(self) -> bool:
-        """The model passes through as the same object."""
-        return True
-
-    @property
-    def changes_input(self) -> bool:
-        """The model is only read."""
-        return False
-
-    def call(self, model: ir.Model) -> ir.passes.PassResult:
-        """Writes the files; the model passes through unmodified."""
-        from onnax.casadi import family
-
-        self.family = family(model, self.path, **self.options)
-        return ir.passes.PassResult(model, modified=False)
