@@ -217,3 +217,10 @@ def test_unknown_transform_names_the_choices() -> None:
     with pytest.raises(onnax.CheckError) as info:
         onnax.check(model, renamed)
     assert "cannot tell which transform" in str(info.value) and "transform=" in str(info.value)
+
+
+def test_nothing_to_compare_is_empty_not_ok() -> None:
+    model = build_loss_model()
+    result = onnax.check(model, model.clone(), "jvp")
+    assert result.outcome == "empty" and not result.ok and result.rows == ()
+    assert "nothing compared" in result.format()

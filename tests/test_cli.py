@@ -329,3 +329,19 @@ def test_unroll_subcommand(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -
     assert not [n for n in ir.load(out).graph if n.op_type == "Scan"]
     assert main(["unroll", str(source), str(source)]) == 2
     assert "would overwrite the source" in capsys.readouterr().err
+
+
+def test_check_that_compares_nothing_is_no_pass(
+    model_path: Path,
+    tmp_path: Path,
+    capsys: pytest.CaptureFixture[str],
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """It printed "(nothing to compare ...)" and exited 0, as if the result had been checked."""
+    import onnax.api
+
+    monkeypatch.setattr(onnax.api, "jvp", lambda model, *a: model.clone())
+    assert main(["jvp", str(model_path), str(tmp_path / "j.onnx"), "--check", "--quiet"]) == 3
+    printed = capsys.readouterr()
+    assert "nothing compared" in printed.out
+    assert "--check compared nothing" in printed.err and "--inputs" in printed.err

@@ -17,7 +17,8 @@ __all__ = ["INCONCLUSIVE", "TRANSFORMS", "register"]
 TRANSFORMS = ("grad", "jvp", "vjp", "vmap", "jacfwd", "jacrev", "hessian")
 
 INCONCLUSIVE = 3
-"""The exit status of a ``--check`` that could not decide at its point: not a failure (2)."""
+"""The exit status of a ``--check`` that could not decide (its point cannot judge the result,
+or nothing was compared): not a failure (2), not a pass (0)."""
 
 _HELPS = {
     "grad": "gradient of a rank-0 output",
@@ -108,6 +109,15 @@ def _check(args: argparse.Namespace, model: ir.Model, out: ir.Model, progress: P
             + "). The derived model is wrong at this point: please report it with the model "
             "and this command line."
         )
+    if result.outcome == "empty":
+        print(
+            f"onnax {args.command}: --check compared nothing: the result has no floating-point "
+            "derivative output the check can match to the source's inputs and outputs, so it "
+            "says nothing about the result. Select float inputs and outputs (--inputs, "
+            "--outputs) to check them.",
+            file=sys.stderr,
+        )
+        return INCONCLUSIVE
     if result.outcome == "inconclusive":
         unsure = [r.output for r in result.rows if r.outcome == "inconclusive"]
         print(
