@@ -73,7 +73,10 @@ def check_vmap(
         have = np.asarray(got[name])
         dtype = np.dtype(want.dtype)
         # Batched kernels may sum in another order: a few hundred roundoffs, norm-wise.
-        rtol = 256 * eps(dtype) if is_float(dtype) else 0.0
+        # Half types get fewer roundoffs: 256 of them would be 25%, loose enough to pass a
+        # result scaled by 1.01.
+        units = 256 if dtype in (np.float32, np.float64) else 32
+        rtol = units * eps(dtype) if is_float(dtype) else 0.0
         tolerance = rtol * norm(want)
         if have.shape != want.shape:
             rows.append(
