@@ -345,3 +345,26 @@ def test_check_that_compares_nothing_is_no_pass(
     printed = capsys.readouterr()
     assert "nothing compared" in printed.out
     assert "--check compared nothing" in printed.err and "--inputs" in printed.err
+
+
+def test_a_subcommand_is_one_module_and_one_line(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """How `onnax train-step` (or any new command) plugs in: a module with `register`."""
+    import sys
+    import types
+
+    import onnax.cli
+
+    module = types.ModuleType("onnax_test_hello")
+
+    def register(sub: object, common: object) -> None:
+        p = sub.add_parser("hello", help="say hello", parents=[common])  # type: ignore[attr-defined]
+        p.add_argument("name")
+        p.set_defaults(func=lambda args, progress: print(f"hello {args.name}") or 0)
+
+    module.register = register  # type: ignore[attr-defined]
+    monkeypatch.setitem(sys.modules, "onnax_test_hello", module)
+    monkeypatch.setattr(onnax.cli, "SUBCOMMANDS", (*onnax.cli.SUBCOMMANDS, "onnax_test_hello"))
+    assert main(["hello", "world", "--quiet"]) == 0
+    assert capsys.readouterr().out == "hello world\n"
