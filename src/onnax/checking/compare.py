@@ -487,6 +487,8 @@ def check(
     try:
         source = prepare(model, transform)  # typed outputs: the shapes the seeds take
     except Exception:
+        # prepare refuses what no transform accepts; a derived model exists, so the source
+        # as given (untyped outputs take their shapes from a first run) still serves.
         source = model
     if transform == "vmap":
         say("check: running examples one by one")
