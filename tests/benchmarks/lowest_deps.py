@@ -84,6 +84,14 @@ def main(argv: list[str] | None = None) -> int:
         shutil.copytree(
             ROOT, src, ignore=shutil.ignore_patterns(".venv", ".git", "dist", "generated")
         )
+        # A --pin below a declared floor lowers the copy's floor, so it can be tried at all.
+        pyproject = src / "pyproject.toml"
+        text = pyproject.read_text()
+        for name, version in pins.items():
+            text = re.sub(
+                rf'"{re.escape(name)}>=[^"]*"', f'"{name}>={version}"', text, flags=re.IGNORECASE
+            )
+        pyproject.write_text(text)
         run(
             [
                 uv,
