@@ -173,3 +173,73 @@ def test_refusal_of_a_transpose_rule_names_the_transform(
     with pytest.raises(onnax.errors.UnsupportedOperatorError) as info:
         getattr(onnax, transform)(model, ["x"])
     assert str(info.value) == f"{transform}: ai.onnx::Neg (node n): cannot. Remedy: none."
+
+
+def test_grad_remedy_fits_the_case() -> None:
+    """With no rank-0 output, "Pass output=<name>" cannot help: the remedy is a scalar loss."""
+    none = m("y = Relu(x)", "(float[3] x) => (float[3] y)")
+    with pytest.raises(onnax.SelectionError) as err:
+        onnax.grad(none)
+    msg = str(err.value)
+    assert "no rank-0" in msg and "y (FLOAT, shape [3])" in msg
+    assert "output=" not in msg
+    assert "ReduceSum or ReduceMean with keepdims=0" in msg and "vjp(model, outputs=[...])" in msg
+    two = m(
+        "a = ReduceSum <keepdims = 0> (x)\n b = ReduceMax <keepdims = 0> (x)",
+        "(float[3] x) => (float a, float b)",
+    )
+    with pytest.raises(onnax.SelectionError) as err:
+        onnax.grad(two)
+    assert "Pass output=<name> (--output on the command line)" in str(err.value)
+    assert "['a', 'b']" in str(err.value)
+
+
+def test_hessian_errors_say_hessian() -> None:
+    """They started with "grad:" or "jacrev:", the inner steps of jacfwd(jacrev(model))."""
+    with pytest.raises(onnax.SelectionError) as err:
+        onnax.hessian(BASIC, inputs=["z"], output="s")
+    msg = str(err.value)
+    assert msg.startswith("hessian: ") and "'z'" in msg and "['x', 'w']" in msg
+    assert "jacrev:" not in msg and "(in the jacrev step of jacfwd(jacrev(model)))" in msg
+    none = m("y = Relu(x)", "(float[3] x) => (float[3] y)")
+    with pytest.raises(onnax.SelectionError) as err:
+        onnax.hessian(none)
+    assert str(err.value).startswith("hessian: the model has no rank-0")
+
+
+def test_vmap_remedy_names_the_registration_api() -> None:
+    from onnax.core.registry import OpRules
+
+    model = m("y = MyOp(x)", "(float[3] x) => (float[3] y)", extra=', "my.domain" : 1').clone()
+    model.graph[0].domain = "my.domain"
+    model.graph.outputs[0].type = ir.TensorType(ir.DataType.FLOAT)
+    with pytest.raises(onnax.UnsupportedOperatorError) as err:
+        onnax.vmap(model)
+    msg = str(err.value)
+    assert msg.startswith("vmap: no batch rule for my.domain::MyOp")
+    assert "onnax.core.registry.OpRules('MyOp', domain='my.domain').batch" in msg
+    assert "batch_rules.register" not in msg
+    assert callable(OpRules.batch)  # the API named is the real one
+
+
+def test_pass_classes_run_in_a_pass_manager(tmp_path: object) -> None:
+    from pathlib import Path
+
+    from oracles import serialized
+
+    model = m(
+        "y = Mul(x, w)\n t = Tanh(y)\n s = ReduceSum <keepdims = 0> (t)",
+        "(double[3] x, double[3] w) => (double s)",
+    )
+    for cls, function in (
+        (onnax.JacfwdPass, onnax.jacfwd),
+        (onnax.JacrevPass, onnax.jacrev),
+        (onnax.HessianPass, onnax.hessian),
+    ):
+        got = ir.passes.PassManager([onnax.UnrollPass(), cls(["w"])])(model).model
+        assert serialized(got) == serialized(function(model, ["w"]))
+    target = Path(str(tmp_path)) / "f.onnx"
+    family = onnax.FamilyPass(target, kinds=["adj"])
+    result = ir.passes.PassManager([family])(model)
+    assert result.model is model and not result.modified
+    assert family.family is not None and target.exists() and (target.parent / "adj_f.onnx").exists()

@@ -9,6 +9,7 @@ import onnx_ir as ir
 from onnax.core.batching import RandomnessPolicy
 from onnax.passes import GradPass, JvpPass, VjpPass
 from onnax.passes.accumulate import Accumulate
+from onnax.passes.derived import HessianPass, JacfwdPass, JacrevPass
 from onnax.passes.unroll import UnrollPass
 from onnax.passes.vmap import AxisSpec, VmapPass
 
@@ -179,9 +180,7 @@ def jacfwd(
     Raises:
         SelectionError: Unknown or non-float names, or inputs and outputs of mixed element types.
     """
-    from onnax.passes.jacobian import jacobian_model
-
-    return jacobian_model(model, inputs, outputs, "fwd")
+    return JacfwdPass(inputs, outputs)(model).model
 
 
 def jacrev(
@@ -205,9 +204,7 @@ def jacrev(
     Raises:
         SelectionError: Unknown or non-float names, or inputs and outputs of mixed element types.
     """
-    from onnax.passes.jacobian import jacobian_model
-
-    return jacobian_model(model, inputs, outputs, "rev")
+    return JacrevPass(inputs, outputs)(model).model
 
 
 def hessian(
@@ -232,27 +229,7 @@ def hessian(
     Raises:
         SelectionError: The output is not a rank-0 float, or there is no unique default.
     """
-    from onnax.passes.grad import scalar_output
-    from onnax.passes.jacobian import jacobian_model
-    from onnax.passes.prepare import prepare
-
-    prepared = prepare(model, "hessian")
-    y = scalar_output(prepared.graph, output, "hessian")
-    first = jacobian_model(prepared, inputs, [str(y.name)], "rev")
-    n_primal = len(prepared.graph.outputs)
-    grads = [str(v.name) for v in list(first.graph.outputs)[n_primal:]]
-    x_names = [g[len(f"jac_{y.name}_") :] for g in grads]
-    second = jacobian_model(first, x_names, grads, "fwd")
-    graph = second.graph
-    primal = list(graph.outputs)[:n_primal]
-    blocks = list(graph.outputs)[n_primal + len(grads) :]
-    graph.outputs.clear()
-    graph.outputs.extend(primal)
-    for k, block in enumerate(blocks):
-        x1, x2 = x_names[k // len(x_names)], x_names[k % len(x_names)]
-        block.name = f"hess_{y.name}_{x1}_{x2}"
-        graph.outputs.append(block)
-    return second
+    return HessianPass(inputs, output)(model).model
 
 
 def unroll(model: ir.Model, max_steps: int | None = None) -> ir.Model:

@@ -9,6 +9,7 @@ import this module just to handle an onnax failure.
 from __future__ import annotations
 
 __all__ = [
+    "CheckError",
     "InvalidModelError",
     "OnnaxError",
     "SelectionError",
@@ -35,3 +36,7 @@ class UnsupportedOperatorError(OnnaxError, NotImplementedError):
 
 class UnsupportedValueError(OnnaxError, NotImplementedError):
     """A derivative reaches a value onnax cannot differentiate (sequences, optionals, samples)."""
+
+
+class CheckError(OnnaxError, ValueError):
+    """``onnax.check`` was given arguments it cannot check with (an unknown transform)."""

@@ -5,3 +5,4 @@ from onnax.passes.jvp import JvpPass
 from onnax.passes.vjp import VjpPass
 
 __all__ = ["GradPass", "JvpPass", "VjpPass"]
+# VmapPass, UnrollPass and the composed passes (derived.py) are exported by the onnax package.

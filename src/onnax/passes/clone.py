@@ -15,6 +15,7 @@ time proportional to the weights, whatever their storage (in memory, in a protob
 from __future__ import annotations
 
 from collections.abc import Iterator
+from copy import deepcopy
 
 import onnx_ir as ir
 
@@ -122,6 +123,13 @@ def _own_tensors(model: ir.Model) -> None:
                         name, [_view(t) for t in attr.as_tensors()], attr.doc_string
                     )
         for value in values:
+            if value.type is not None:
+                # onnx_ir's clone shares the type objects, and ``Value.dtype``'s setter edits
+                # the type in place: retyping a value of the copy would retype the caller's.
+                kind = value.type
+                value.type = (
+                    ir.TensorType(kind.dtype) if type(kind) is ir.TensorType else deepcopy(kind)
+                )
             if value.const_value is None:
                 continue
             if value.is_initializer():

@@ -44,11 +44,18 @@ def scalar_output(graph: ir.Graph, output: str | None, transform: str = "grad") 
                 for v in graph.outputs
             ]
             found = "no" if not scalars else f"{len(scalars)}"
+            # With no rank-0 output, naming one cannot help: the remedy is a scalar loss.
+            remedy = (
+                "Pass output=<name> (--output on the command line) to choose the loss among "
+                f"{[str(v.name) for v in scalars]}."
+                if scalars
+                else "Reduce an output to a scalar loss in the model (ReduceSum or ReduceMean "
+                "with keepdims=0), or use vjp(model, outputs=[...]) (onnax vjp --outputs) and "
+                "feed an explicit cotangent."
+            )
             raise SelectionError(
-                f"{transform}: the model has {found} rank-0 FLOAT/DOUBLE outputs, expected exactly one. "
-                f"Outputs: {described}. Pass output=<name> to choose the loss"
-                + (" among the rank-0 outputs" if scalars else "")
-                + "."
+                f"{transform}: the model has {found} rank-0 FLOAT/DOUBLE outputs, expected "
+                f"exactly one. Outputs: {described}. {remedy}"
             )
         return scalars[0]
     (y,) = select_outputs(graph, [output], transform)

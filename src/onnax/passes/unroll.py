@@ -23,7 +23,6 @@ from collections.abc import Sequence
 import numpy as np
 import onnx_ir as ir
 import onnx_ir.passes.common as common
-from onnx_ir._cloner import Cloner
 
 from onnax.core.attrs import ints_attr
 from onnax.core.emit import Emitter
@@ -200,27 +199,39 @@ def _unroll_loop(node: ir.Node, opset: int, max_steps: int | None) -> _Replaceme
 def _copy_body(
     body: ir.Graph, bound: dict[ir.Value, ir.Value | None], em: Emitter, nodes: list[ir.Node]
 ) -> list[ir.Value]:
-    """Appends a copy of ``body``'s nodes with its inputs ``bound``; returns its outputs."""
-    for init in body.initializers.values():
-        assert init.const_value is not None
-        bound[init] = em.const(init.const_value)
+    """Appends a copy of ``body``'s nodes with its inputs ``bound``; returns its outputs.
+
+    The copy comes from the public ``Graph.clone`` (not onnx_ir's private cloner, whose
+    interface may change in any release); its inputs and initializers are then rewired to the
+    bound values, in nested subgraphs too, since a value's uses span every scope.
+    """
+    copy = body.clone(allow_outer_scope_values=True)
+    mapping: dict[ir.Value, ir.Value | None] = {}
+    for original, cloned in zip(body.inputs, copy.inputs, strict=True):
+        if original in bound:
+            mapping[cloned] = bound[original]
+    for init in copy.initializers.values():
+        if init.const_value is None:
+            raise ValueError(f"unroll: the body initializer {init.name!r} holds no tensor")
+        mapping[init] = em.const(init.const_value)
     nodes.extend(em.take())
-    cloner = Cloner(
-        attr_map={},
-        value_map=bound,
-        metadata_props={},
-        allow_outer_scope_values=True,
-    )
-    for inner in body:
-        copy = cloner.clone_node(inner)
-        copy.name = None
-        for out in copy.outputs:
+    outputs = list(copy.outputs)
+    inner = list(copy)
+    copy.outputs.clear()
+    copy.remove(inner, safe=False)
+    for cloned, target in mapping.items():
+        for use in list(cloned.uses()):
+            use.node.replace_input_with(use.idx, target)
+    for node in inner:
+        node.name = None
+        for out in node.outputs:
             out.name = None  # named by the graph it joins, then made unique by _unique_names
-        nodes.append(copy)
+        nodes.append(node)
     outs = []
-    for v in body.outputs:
-        got = bound.get(v, v)
-        assert got is not None
+    for v in outputs:
+        got = mapping.get(v, v)
+        if got is None:
+            raise ValueError(f"unroll: the body output {v.name!r} is an omitted input")
         outs.append(got)
     return outs
 
