@@ -17,8 +17,7 @@ SRC = Path(__file__).resolve().parents[1] / "src" / "onnax"
 MAX_LINES = 600
 # Modules allowed over MAX_LINES, each with its reason. Shrink this list; never grow it
 # without a reason a reviewer would accept.
-OVERSIZED: dict[str, str] = {
-}
+OVERSIZED: dict[str, str] = {}
 
 
 def _modules() -> dict[str, Path]:

@@ -29,6 +29,7 @@ SUBCOMMANDS = (
     "onnax.cli.transforms",
     "onnax.cli.family",
     "onnax.cli.unroll",
+    "onnax.cli.train",
     "onnax.cli.info",
 )
 """The modules that register subcommands, in the order ``--help`` lists them."""

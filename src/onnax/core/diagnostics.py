@@ -48,8 +48,10 @@ def missing_rule(
         f"{transform}: no derivative rule for {op_label(node)} at opset {opset} "
         f"({node_label(node)}); the derivative reaches it through {_active_input(node, active)}. "
         "Remedy: if you do not need derivatives through this node, leave the inputs that feed it "
-        "out of `inputs`; otherwise register a rule with "
-        f"onnax.rules.jvp_rules.register({node.op_type!r}, domain={node.domain!r})."
+        "out of `inputs`; otherwise register its rules: "
+        f"onnax.rules.register({node.domain!r}, {node.op_type!r}, jvp=...), or "
+        "register_elementwise / register_linear / register_zero_derivative "
+        "(docs/writing-rules.md)."
     )
 
 

@@ -361,8 +361,8 @@ class _Walk:
             raise UnsupportedOperatorError(
                 f"vmap: no batch rule for {op_label(node)} at opset {bx.opset} ({node_label(node)}); "
                 f"the batch dimension reaches it through {via}. Remedy: give that input in_axes None "
-                "if it should be shared, or register a batch rule with the decorator "
-                f"onnax.core.registry.OpRules({node.op_type!r}, domain={node.domain!r}).batch "
+                "if it should be shared, or register a batch rule: "
+                f"onnax.rules.register({node.domain!r}, {node.op_type!r}, batch=...) "
                 "(docs/writing-rules.md)."
             )
         try:

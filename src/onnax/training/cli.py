@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import argparse
 import sys
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -27,10 +28,16 @@ __all__ = ["add_parser", "run", "summary"]
 OPTIMIZERS = ("sgd", "adam", "adamw")
 
 
-def add_parser(subparsers: Any) -> argparse.ArgumentParser:
-    """Adds ``train-step`` to an ``argparse`` subparsers object and returns its parser."""
+def add_parser(
+    subparsers: Any, parents: Sequence[argparse.ArgumentParser] = ()
+) -> argparse.ArgumentParser:
+    """Adds ``train-step`` to an ``argparse`` subparsers object and returns its parser.
+
+    ``parents`` are parsers whose flags it shares (the main command's ``--debug``, ``--quiet``).
+    """
     p = subparsers.add_parser(
         "train-step",
+        parents=list(parents),
         help="a training step (loss, gradients, optimizer update) as one ONNX model",
         description=(
             "Appends a loss to MODEL's output and writes OUT/step.onnx (inputs: batch, target, "
