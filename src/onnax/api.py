@@ -9,6 +9,7 @@ import onnx_ir as ir
 from onnax.core.batching import RandomnessPolicy
 from onnax.passes import GradPass, JvpPass, VjpPass
 from onnax.passes.accumulate import Accumulate
+from onnax.passes.stop_gradient import StopGradient
 from onnax.passes.unroll import UnrollPass
 from onnax.passes.vmap import AxisSpec, VmapPass
 
@@ -20,6 +21,7 @@ def jvp(
     inputs: str | Sequence[str] | None = None,
     outputs: str | Sequence[str] | None = None,
     accumulate: Accumulate = "model",
+    stop_gradient: StopGradient = None,
 ) -> ir.Model:
     """Forward mode: a model that also computes Jacobian-vector products.
 
@@ -41,16 +43,23 @@ def jvp(
             (default) computes them in the model's own element types; ``"float32"`` runs the
             sums among them (reductions, MatMul, Gemm, Conv, scatter-adds) in FLOAT and casts
             each result back. FLOAT and DOUBLE models are unaffected.
+        stop_gradient: Names of main-graph values (graph inputs, initializers or node outputs)
+            whose derivative is treated as zero, like ``jax.lax.stop_gradient`` or
+            ``detach()``: the primal value is unchanged, no tangent or cotangent flows through
+            it. Values inside subgraphs cannot be named. Stopped inputs leave the default
+            ``inputs``; naming a value in both is an error. A transform of the result (``jvp``
+            of a ``grad`` model, say) needs the names again: each call stops only its own.
 
     Returns:
         A new ``onnx_ir.Model`` built from ordinary ONNX operators.
 
     Raises:
         SelectionError: A name is unknown or not floating point.
+            Or a ``stop_gradient`` name is unknown or also a selected input.
         UnsupportedOperatorError: A derivative reaches an operator without a rule.
         InvalidModelError: The model fails ``onnx.checker`` or its opset is not supported.
     """
-    return JvpPass(inputs, outputs, accumulate)(model).model
+    return JvpPass(inputs, outputs, accumulate, stop_gradient)(model).model
 
 
 def vjp(
@@ -58,6 +67,7 @@ def vjp(
     inputs: str | Sequence[str] | None = None,
     outputs: str | Sequence[str] | None = None,
     accumulate: Accumulate = "model",
+    stop_gradient: StopGradient = None,
 ) -> ir.Model:
     """Reverse mode: a model that also computes vector-Jacobian products.
 
@@ -75,16 +85,23 @@ def vjp(
             (default) computes them in the model's own element types; ``"float32"`` runs the
             sums among them (reductions, MatMul, Gemm, Conv, scatter-adds) in FLOAT and casts
             each result back. FLOAT and DOUBLE models are unaffected.
+        stop_gradient: Names of main-graph values (graph inputs, initializers or node outputs)
+            whose derivative is treated as zero, like ``jax.lax.stop_gradient`` or
+            ``detach()``: the primal value is unchanged, no tangent or cotangent flows through
+            it. Values inside subgraphs cannot be named. Stopped inputs leave the default
+            ``inputs``; naming a value in both is an error. A transform of the result (``jvp``
+            of a ``grad`` model, say) needs the names again: each call stops only its own.
 
     Returns:
         A new ``onnx_ir.Model`` built from ordinary ONNX operators.
 
     Raises:
         SelectionError: A name is unknown or not floating point.
+            Or a ``stop_gradient`` name is unknown or also a selected input.
         UnsupportedOperatorError: A derivative reaches an operator without a rule.
         InvalidModelError: The model fails ``onnx.checker`` or its opset is not supported.
     """
-    return VjpPass(inputs, outputs, accumulate)(model).model
+    return VjpPass(inputs, outputs, accumulate, stop_gradient)(model).model
 
 
 def grad(
@@ -92,6 +109,7 @@ def grad(
     inputs: str | Sequence[str] | None = None,
     output: str | None = None,
     accumulate: Accumulate = "model",
+    stop_gradient: StopGradient = None,
 ) -> ir.Model:
     """The gradient of one rank-0 output, with an implicit unit seed.
 
@@ -108,16 +126,23 @@ def grad(
             (default) computes them in the model's own element types; ``"float32"`` runs the
             sums among them (reductions, MatMul, Gemm, Conv, scatter-adds) in FLOAT and casts
             each result back. FLOAT and DOUBLE models are unaffected.
+        stop_gradient: Names of main-graph values (graph inputs, initializers or node outputs)
+            whose derivative is treated as zero, like ``jax.lax.stop_gradient`` or
+            ``detach()``: the primal value is unchanged, no tangent or cotangent flows through
+            it. Values inside subgraphs cannot be named. Stopped inputs leave the default
+            ``inputs``; naming a value in both is an error. A transform of the result (``jvp``
+            of a ``grad`` model, say) needs the names again: each call stops only its own.
 
     Returns:
         A new ``onnx_ir.Model`` built from ordinary ONNX operators.
 
     Raises:
         SelectionError: The output is not a rank-0 float, or there is no unique default.
+            Or a ``stop_gradient`` name is unknown or also a selected input.
         UnsupportedOperatorError: A derivative reaches an operator without a rule.
         InvalidModelError: The model fails ``onnx.checker`` or its opset is not supported.
     """
-    return GradPass(inputs, output, accumulate)(model).model
+    return GradPass(inputs, output, accumulate, stop_gradient)(model).model
 
 
 def vmap(
@@ -144,6 +169,9 @@ def vmap(
         axis_size: The batch size; None keeps it a symbolic dimension.
         randomness: Random operators: "error" (default), "different" or "same".
 
+    vmap does not differentiate, so it has no ``stop_gradient`` option: give it to the
+    derivative transform (``vmap(grad(m, stop_gradient=[...]))``).
+
     Returns:
         A new ``onnx_ir.Model`` with the same input and output names.
 
@@ -159,6 +187,7 @@ def jacfwd(
     model: ir.Model,
     inputs: str | Sequence[str] | None = None,
     outputs: str | Sequence[str] | None = None,
+    stop_gradient: StopGradient = None,
 ) -> ir.Model:
     """Full Jacobians by forward mode: ``vmap(jvp(model))`` over an identity basis.
 
@@ -172,22 +201,26 @@ def jacfwd(
         model: The model; it is not modified.
         inputs: Input or initializer names (default: FLOAT/DOUBLE graph inputs).
         outputs: Output names (default: FLOAT/DOUBLE outputs).
+        stop_gradient: Main-graph values whose derivative is treated as zero, as in
+            :func:`jvp`.
 
     Returns:
         A new ``onnx_ir.Model``.
 
     Raises:
         SelectionError: Unknown or non-float names, or inputs and outputs of mixed element types.
+            Or a ``stop_gradient`` name is unknown or also a selected input.
     """
     from onnax.passes.jacobian import jacobian_model
 
-    return jacobian_model(model, inputs, outputs, "fwd")
+    return jacobian_model(model, inputs, outputs, "fwd", stop_gradient)
 
 
 def jacrev(
     model: ir.Model,
     inputs: str | Sequence[str] | None = None,
     outputs: str | Sequence[str] | None = None,
+    stop_gradient: StopGradient = None,
 ) -> ir.Model:
     """Full Jacobians by reverse mode: ``vmap(vjp(model))`` over an identity basis.
 
@@ -198,22 +231,26 @@ def jacrev(
         model: The model; it is not modified.
         inputs: Input or initializer names (default: FLOAT/DOUBLE graph inputs).
         outputs: Output names (default: FLOAT/DOUBLE outputs).
+        stop_gradient: Main-graph values whose derivative is treated as zero, as in
+            :func:`vjp`.
 
     Returns:
         A new ``onnx_ir.Model``.
 
     Raises:
         SelectionError: Unknown or non-float names, or inputs and outputs of mixed element types.
+            Or a ``stop_gradient`` name is unknown or also a selected input.
     """
     from onnax.passes.jacobian import jacobian_model
 
-    return jacobian_model(model, inputs, outputs, "rev")
+    return jacobian_model(model, inputs, outputs, "rev", stop_gradient)
 
 
 def hessian(
     model: ir.Model,
     inputs: str | Sequence[str] | None = None,
     output: str | None = None,
+    stop_gradient: StopGradient = None,
 ) -> ir.Model:
     """The Hessian of one rank-0 output, as ``jacfwd(jacrev(model))``.
 
@@ -225,12 +262,15 @@ def hessian(
         model: The model; it is not modified.
         inputs: Input or initializer names (default: FLOAT/DOUBLE graph inputs).
         output: The rank-0 output (default: the only rank-0 FLOAT/DOUBLE output).
+        stop_gradient: Main-graph values whose derivative is treated as zero, as in
+            :func:`grad` (both differentiations hold them constant).
 
     Returns:
         A new ``onnx_ir.Model``.
 
     Raises:
         SelectionError: The output is not a rank-0 float, or there is no unique default.
+            Or a ``stop_gradient`` name is unknown or also a selected input.
     """
     from onnax.passes.grad import scalar_output
     from onnax.passes.jacobian import jacobian_model
@@ -238,11 +278,11 @@ def hessian(
 
     prepared = prepare(model, "hessian")
     y = scalar_output(prepared.graph, output, "hessian")
-    first = jacobian_model(prepared, inputs, [str(y.name)], "rev")
+    first = jacobian_model(prepared, inputs, [str(y.name)], "rev", stop_gradient)
     n_primal = len(prepared.graph.outputs)
     grads = [str(v.name) for v in list(first.graph.outputs)[n_primal:]]
     x_names = [g[len(f"jac_{y.name}_") :] for g in grads]
-    second = jacobian_model(first, x_names, grads, "fwd")
+    second = jacobian_model(first, x_names, grads, "fwd", stop_gradient)
     graph = second.graph
     primal = list(graph.outputs)[:n_primal]
     blocks = list(graph.outputs)[n_primal + len(grads) :]
