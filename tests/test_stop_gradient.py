@@ -13,11 +13,11 @@ import numpy as np
 import onnx
 import onnx_ir as ir
 import pytest
-from oracles import contract_checked, fd_jvp, run, serialized, tolerances
 
 import onnax
 from onnax.errors import SelectionError
 from onnax.passes import GradPass, JvpPass, VjpPass
+from oracles import contract_checked, fd_jvp, run, serialized, tolerances
 
 Feeds = Mapping[str, np.ndarray]
 
@@ -340,3 +340,21 @@ def test_stop_changes_nothing_when_empty_and_is_deterministic() -> None:
     )
     first = serialized(onnax.grad(model, ["w1"], "loss", stop_gradient=["a", "a"]))
     assert first == serialized(onnax.grad(model, ["w1"], "loss", stop_gradient="a"))
+
+
+def test_stop_on_the_output_of_an_expanded_operator() -> None:
+    # Swish has no rule of its own: the walk differentiates its function body, which replaces
+    # the node (and its output value) before the walk; the stop must survive that.
+    model = ir.from_onnx_text("""
+<ir_version: 11, opset_import: ["" : 24]>
+swish (double[4] x) => (double[4] y) {
+    s = Swish <alpha = 1.5> (x)
+    y = Mul(s, x)
+}
+""")
+    feeds = {"x": np.array([0.5, -1.0, 2.0, 0.1])}
+    jm = contract_checked(lambda m: onnax.jvp(m, ["x"], stop_gradient=["s"]), model)
+    t = np.array([1.0, -2.0, 0.5, 3.0])
+    got = run(jm, {**feeds, "fwd_x": t})
+    want = fd_jvp(cut(model, ["s"]), cut_feeds(model, feeds, ["s"]), {"x": t}, ["y"])["y"]
+    assert_close(got["fwd_y"], want, "fwd_y")

@@ -162,7 +162,19 @@ def insert_stops(graph: ir.Graph, stopped: Sequence[ir.Value]) -> set[ir.Value]:
             use.node.replace_input_with(use.idx, held)
         graph.insert_after(node, identity)
         if not s.is_graph_output():
-            name, s.name = s.name, None
+            # A fresh name rather than none: expansion names its replacement after it.
+            name = str(s.name)
+            s.name = _fresh(graph, f"{name}_unstopped")
             held.name = name
         cut.add(held)
     return cut
+
+
+def _fresh(graph: ir.Graph, base: str) -> str:
+    taken = {v.name for v in (*graph.inputs, *graph.initializers.values())}
+    taken.update(o.name for n in graph.all_nodes() for o in n.outputs)
+    name, k = base, 0
+    while name in taken:
+        k += 1
+        name = f"{base}_{k}"
+    return name
