@@ -8,6 +8,7 @@ derivatives with ``s`` held constant, which is what ``stop_gradient=[s]`` promis
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
+from pathlib import Path
 
 import numpy as np
 import onnx
@@ -15,6 +16,7 @@ import onnx_ir as ir
 import pytest
 
 import onnax
+from onnax.cli import main
 from onnax.errors import SelectionError
 from onnax.passes import GradPass, JvpPass, VjpPass
 from oracles import contract_checked, fd_jvp, run, serialized, tolerances
@@ -358,3 +360,20 @@ swish (double[4] x) => (double[4] y) {
     got = run(jm, {**feeds, "fwd_x": t})
     want = fd_jvp(cut(model, ["s"]), cut_feeds(model, feeds, ["s"]), {"x": t}, ["y"])["y"]
     assert_close(got["fwd_y"], want, "fwd_y")
+
+
+def test_cli_stop_gradient(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    model = ir.from_onnx_text(TARGET)
+    source, result = tmp_path / "m.onnx", tmp_path / "g.onnx"
+    ir.save(model, source)
+    args = ["grad", str(source), str(result), "--inputs", "w", "--output", "loss"]
+    assert main([*args, "--stop-gradient", "tq"]) == 0
+    expected = onnax.grad(model, ["w"], "loss", stop_gradient=["tq"])
+    assert serialized(ir.load(result)) == serialized(expected)
+    capsys.readouterr()
+    assert main([*args, "--stop-gradient", "tq,nope"]) == 2
+    assert "onnax grad: stop_gradient names 'nope'" in capsys.readouterr().err
+    result.unlink()
+    assert main([*args, "--stop-gradient", "tq", "--check"]) == 2
+    assert "--check and --stop-gradient together" in capsys.readouterr().err
+    assert not result.exists()

@@ -207,18 +207,27 @@ def _apply(args: argparse.Namespace, model: ir.Model) -> ir.Model:
             args.randomness,
         )
     inputs = _names(args.inputs)
+    stop = _names(args.stop_gradient)
     if args.command == "grad":
-        return api.grad(model, inputs, args.output, args.accumulate)
+        return api.grad(model, inputs, args.output, args.accumulate, stop_gradient=stop)
     if args.command in ("jvp", "vjp"):
         transform_acc: Callable[..., ir.Model] = getattr(api, args.command)
-        return transform_acc(model, inputs, _names(args.outputs), args.accumulate)
+        return transform_acc(
+            model, inputs, _names(args.outputs), args.accumulate, stop_gradient=stop
+        )
     if args.command == "hessian":
-        return api.hessian(model, inputs, args.output)
+        return api.hessian(model, inputs, args.output, stop_gradient=stop)
     transform: Callable[..., ir.Model] = getattr(api, args.command)
-    return transform(model, inputs, _names(args.outputs))
+    return transform(model, inputs, _names(args.outputs), stop_gradient=stop)
 
 
 def _transform(args: argparse.Namespace, progress: Progress) -> int:
+    if args.check and getattr(args, "stop_gradient", None):
+        raise CliError(
+            "--check and --stop-gradient together: the check's reference, "
+            "finite differences of the source model, differentiates through the stopped values, "
+            "so it would report a mismatch for a correct result. Drop --check."
+        )
     _refuse_overwrite(args.model, [Path(args.result)])
     progress(f"reading {args.model}")
     model = _load(args.model)
@@ -704,6 +713,12 @@ def build_parser() -> argparse.ArgumentParser:
                 else "float outputs"
             )
             p.add_argument("--outputs", help=f"comma-separated output names (default: {default})")
+        if name != "vmap":
+            p.add_argument(
+                "--stop-gradient",
+                help="comma-separated main-graph value names whose derivative is zero "
+                "(like jax.lax.stop_gradient)",
+            )
         if name in ("grad", "jvp", "vjp"):
             p.add_argument(
                 "--accumulate",
