@@ -377,3 +377,25 @@ def test_cli_stop_gradient(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -
     assert main([*args, "--stop-gradient", "tq", "--check"]) == 2
     assert "--check and --stop-gradient together" in capsys.readouterr().err
     assert not result.exists()
+
+
+def test_per_example_gradients_with_stop() -> None:
+    model = ir.from_onnx_text(TARGET)
+    gm = onnax.grad(model, ["w"], "loss", stop_gradient=["tq"])
+    per_example = contract_checked(
+        lambda m: onnax.vmap(m, in_axes={"x": 0, "x2": 0, "w": None}), gm
+    )
+    rng = np.random.default_rng(11)
+    xs, x2s, w = (
+        rng.standard_normal((4, 2, 3)),
+        rng.standard_normal((4, 2, 3)),
+        rng.standard_normal((3, 4)),
+    )
+    got = run(per_example, {"x": xs, "x2": x2s, "w": w})["grad_w"]
+    for k in range(4):
+        # Each example against the cut model's differences, which check_grad_against_cut uses.
+        feeds = {"x": xs[k], "x2": x2s[k], "w": w}
+        oracle, fed = cut(model, ["tq"]), cut_feeds(model, feeds, ["tq"])
+        basis = np.eye(12).reshape(12, 3, 4)
+        want = [fd_jvp(oracle, fed, {"w": e}, ["loss"])["loss"] for e in basis]
+        assert_close(got[k], np.reshape(want, (3, 4)), f"example {k}")
