@@ -399,3 +399,31 @@ def test_per_example_gradients_with_stop() -> None:
         basis = np.eye(12).reshape(12, 3, 4)
         want = [fd_jvp(oracle, fed, {"w": e}, ["loss"])["loss"] for e in basis]
         assert_close(got[k], np.reshape(want, (3, 4)), f"example {k}")
+
+
+IF_MODEL = """
+<ir_version: 10, opset_import: ["" : 21]>
+branchy (double[3] x, bool c) => (double[3] y) {
+    b = If (c) <
+        then_branch = g1 () => (double[3] t) { t = Sin(x) },
+        else_branch = g2 () => (double[3] e) { e = Cos(x) }
+    >
+    y = Mul(b, x)
+}
+"""
+
+
+@pytest.mark.parametrize("cond", [True, False])
+def test_stopped_control_flow_output_in_forward_and_reverse_mode(cond: bool) -> None:
+    # Forward mode replaces the If by one computing primal and tangent; reverse mode keeps it
+    # and adds a linear If beside it: both must leave the stopped output without a tangent.
+    model = ir.from_onnx_text(IF_MODEL)
+    feeds = {"x": np.array([0.4, -0.9, 1.3]), "c": np.array(cond)}
+    oracle, fed = cut(model, ["b"]), cut_feeds(model, feeds, ["b"])
+    t, u = np.array([1.0, 0.5, -2.0]), np.array([0.3, -1.0, 0.7])
+    jm = contract_checked(lambda m: onnax.jvp(m, ["x"], stop_gradient=["b"]), model)
+    got = run(jm, {**feeds, "fwd_x": t})["fwd_y"]
+    assert_close(got, fd_jvp(oracle, fed, {"x": t}, ["y"])["y"], "fwd_y")
+    vm = contract_checked(lambda m: onnax.vjp(m, ["x"], stop_gradient=["b"]), model)
+    adj = run(vm, {**feeds, "adj_y": u})["adj_x"]
+    assert float(adj @ t) == pytest.approx(float(u @ got), rel=1e-12)

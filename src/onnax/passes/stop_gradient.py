@@ -171,7 +171,9 @@ def insert_stops(graph: ir.Graph, stopped: Sequence[ir.Value]) -> set[ir.Value]:
 
 
 def _fresh(graph: ir.Graph, base: str) -> str:
-    taken = {v.name for v in (*graph.inputs, *graph.initializers.values())}
+    taken = {
+        v.name for g in (graph, *graph.subgraphs()) for v in (*g.inputs, *g.initializers.values())
+    }
     taken.update(o.name for n in graph.all_nodes() for o in n.outputs)
     name, k = base, 0
     while name in taken:
