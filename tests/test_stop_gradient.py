@@ -310,6 +310,10 @@ def test_unknown_name_lists_close_matches_and_names() -> None:
     assert "Pass one of those names." in message
     with pytest.raises(SelectionError, match=r"grad: stop_gradient must be value names \(str\)"):
         GradPass(["w"], stop_gradient=[3])(model)  # type: ignore[list-item]
+    with pytest.raises(
+        SelectionError, match=r"jvp: stop_gradient must be a name or a list of names, got int"
+    ):
+        onnax.jvp(model, ["w"], stop_gradient=3)  # type: ignore[arg-type]
 
 
 def test_a_subgraph_value_is_refused() -> None:

@@ -33,7 +33,18 @@ _LISTED = 40
 def _names(stop_gradient: StopGradient, transform: str) -> list[str]:
     if stop_gradient is None:
         return []
-    names = [stop_gradient] if isinstance(stop_gradient, str) else list(stop_gradient)
+    if not isinstance(stop_gradient, (str, Sequence, set, frozenset)):
+        raise SelectionError(
+            f"{transform}: stop_gradient must be a name or a list of names, got "
+            f"{type(stop_gradient).__name__}; pass e.g. stop_gradient=['target_q']"
+        )
+    if isinstance(stop_gradient, str):
+        names = [stop_gradient]
+    elif isinstance(stop_gradient, (set, frozenset)):
+        # Sorted: a set's order changes between runs, and the output bytes must not.
+        names = sorted(stop_gradient, key=str)
+    else:
+        names = list(stop_gradient)
     for n in names:
         if not isinstance(n, str):
             raise SelectionError(
