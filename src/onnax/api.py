@@ -10,6 +10,7 @@ from onnax.core.batching import RandomnessPolicy
 from onnax.passes import GradPass, JvpPass, VjpPass
 from onnax.passes.accumulate import Accumulate
 from onnax.passes.derived import HessianPass, JacfwdPass, JacrevPass
+from onnax.passes.stop_gradient import StopGradient
 from onnax.passes.unroll import UnrollPass
 from onnax.passes.vmap import AxisSpec, VmapPass
 
@@ -21,6 +22,7 @@ def jvp(
     inputs: str | Sequence[str] | None = None,
     outputs: str | Sequence[str] | None = None,
     accumulate: Accumulate = "model",
+    stop_gradient: StopGradient = None,
 ) -> ir.Model:
     """Forward mode: a model that also computes Jacobian-vector products.
 
@@ -42,16 +44,23 @@ def jvp(
             (default) computes them in the model's own element types; ``"float32"`` runs the
             sums among them (reductions, MatMul, Gemm, Conv, scatter-adds) in FLOAT and casts
             each result back. FLOAT and DOUBLE models are unaffected.
+        stop_gradient: Names of main-graph values (graph inputs, initializers or node outputs)
+            whose derivative is treated as zero, like ``jax.lax.stop_gradient`` or
+            ``detach()``: the primal value is unchanged, no tangent or cotangent flows through
+            it. Values inside subgraphs cannot be named. Stopped inputs leave the default
+            ``inputs``; naming a value in both is an error. A transform of the result (``jvp``
+            of a ``grad`` model, say) needs the names again: each call stops only its own.
 
     Returns:
         A new ``onnx_ir.Model`` built from ordinary ONNX operators.
 
     Raises:
         SelectionError: A name is unknown or not floating point.
+            Or a ``stop_gradient`` name is unknown or also a selected input.
         UnsupportedOperatorError: A derivative reaches an operator without a rule.
         InvalidModelError: The model fails ``onnx.checker`` or its opset is not supported.
     """
-    return JvpPass(inputs, outputs, accumulate)(model).model
+    return JvpPass(inputs, outputs, accumulate, stop_gradient)(model).model
 
 
 def vjp(
@@ -59,6 +68,7 @@ def vjp(
     inputs: str | Sequence[str] | None = None,
     outputs: str | Sequence[str] | None = None,
     accumulate: Accumulate = "model",
+    stop_gradient: StopGradient = None,
 ) -> ir.Model:
     """Reverse mode: a model that also computes vector-Jacobian products.
 
@@ -76,16 +86,23 @@ def vjp(
             (default) computes them in the model's own element types; ``"float32"`` runs the
             sums among them (reductions, MatMul, Gemm, Conv, scatter-adds) in FLOAT and casts
             each result back. FLOAT and DOUBLE models are unaffected.
+        stop_gradient: Names of main-graph values (graph inputs, initializers or node outputs)
+            whose derivative is treated as zero, like ``jax.lax.stop_gradient`` or
+            ``detach()``: the primal value is unchanged, no tangent or cotangent flows through
+            it. Values inside subgraphs cannot be named. Stopped inputs leave the default
+            ``inputs``; naming a value in both is an error. A transform of the result (``jvp``
+            of a ``grad`` model, say) needs the names again: each call stops only its own.
 
     Returns:
         A new ``onnx_ir.Model`` built from ordinary ONNX operators.
 
     Raises:
         SelectionError: A name is unknown or not floating point.
+            Or a ``stop_gradient`` name is unknown or also a selected input.
         UnsupportedOperatorError: A derivative reaches an operator without a rule.
         InvalidModelError: The model fails ``onnx.checker`` or its opset is not supported.
     """
-    return VjpPass(inputs, outputs, accumulate)(model).model
+    return VjpPass(inputs, outputs, accumulate, stop_gradient)(model).model
 
 
 def grad(
@@ -93,6 +110,7 @@ def grad(
     inputs: str | Sequence[str] | None = None,
     output: str | None = None,
     accumulate: Accumulate = "model",
+    stop_gradient: StopGradient = None,
 ) -> ir.Model:
     """The gradient of one rank-0 output, with an implicit unit seed.
 
@@ -109,16 +127,23 @@ def grad(
             (default) computes them in the model's own element types; ``"float32"`` runs the
             sums among them (reductions, MatMul, Gemm, Conv, scatter-adds) in FLOAT and casts
             each result back. FLOAT and DOUBLE models are unaffected.
+        stop_gradient: Names of main-graph values (graph inputs, initializers or node outputs)
+            whose derivative is treated as zero, like ``jax.lax.stop_gradient`` or
+            ``detach()``: the primal value is unchanged, no tangent or cotangent flows through
+            it. Values inside subgraphs cannot be named. Stopped inputs leave the default
+            ``inputs``; naming a value in both is an error. A transform of the result (``jvp``
+            of a ``grad`` model, say) needs the names again: each call stops only its own.
 
     Returns:
         A new ``onnx_ir.Model`` built from ordinary ONNX operators.
 
     Raises:
         SelectionError: The output is not a rank-0 float, or there is no unique default.
+            Or a ``stop_gradient`` name is unknown or also a selected input.
         UnsupportedOperatorError: A derivative reaches an operator without a rule.
         InvalidModelError: The model fails ``onnx.checker`` or its opset is not supported.
     """
-    return GradPass(inputs, output, accumulate)(model).model
+    return GradPass(inputs, output, accumulate, stop_gradient)(model).model
 
 
 def vmap(
@@ -145,6 +170,9 @@ def vmap(
         axis_size: The batch size; None keeps it a symbolic dimension.
         randomness: Random operators: "error" (default), "different" or "same".
 
+    vmap does not differentiate, so it has no ``stop_gradient`` option: give it to the
+    derivative transform (``vmap(grad(m, stop_gradient=[...]))``).
+
     Returns:
         A new ``onnx_ir.Model`` with the same input and output names.
 
@@ -160,6 +188,7 @@ def jacfwd(
     model: ir.Model,
     inputs: str | Sequence[str] | None = None,
     outputs: str | Sequence[str] | None = None,
+    stop_gradient: StopGradient = None,
 ) -> ir.Model:
     """Full Jacobians by forward mode: ``vmap(jvp(model))`` over an identity basis.
 
@@ -173,20 +202,24 @@ def jacfwd(
         model: The model; it is not modified.
         inputs: Input or initializer names (default: FLOAT/DOUBLE graph inputs).
         outputs: Output names (default: FLOAT/DOUBLE outputs).
+        stop_gradient: Main-graph values whose derivative is treated as zero, as in
+            :func:`jvp`.
 
     Returns:
         A new ``onnx_ir.Model``.
 
     Raises:
         SelectionError: Unknown or non-float names, or inputs and outputs of mixed element types.
+            Or a ``stop_gradient`` name is unknown or also a selected input.
     """
-    return JacfwdPass(inputs, outputs)(model).model
+    return JacfwdPass(inputs, outputs, stop_gradient)(model).model
 
 
 def jacrev(
     model: ir.Model,
     inputs: str | Sequence[str] | None = None,
     outputs: str | Sequence[str] | None = None,
+    stop_gradient: StopGradient = None,
 ) -> ir.Model:
     """Full Jacobians by reverse mode: ``vmap(vjp(model))`` over an identity basis.
 
@@ -197,20 +230,24 @@ def jacrev(
         model: The model; it is not modified.
         inputs: Input or initializer names (default: FLOAT/DOUBLE graph inputs).
         outputs: Output names (default: FLOAT/DOUBLE outputs).
+        stop_gradient: Main-graph values whose derivative is treated as zero, as in
+            :func:`vjp`.
 
     Returns:
         A new ``onnx_ir.Model``.
 
     Raises:
         SelectionError: Unknown or non-float names, or inputs and outputs of mixed element types.
+            Or a ``stop_gradient`` name is unknown or also a selected input.
     """
-    return JacrevPass(inputs, outputs)(model).model
+    return JacrevPass(inputs, outputs, stop_gradient)(model).model
 
 
 def hessian(
     model: ir.Model,
     inputs: str | Sequence[str] | None = None,
     output: str | None = None,
+    stop_gradient: StopGradient = None,
 ) -> ir.Model:
     """The Hessian of one rank-0 output, as ``jacfwd(jacrev(model))``.
 
@@ -222,14 +259,17 @@ def hessian(
         model: The model; it is not modified.
         inputs: Input or initializer names (default: FLOAT/DOUBLE graph inputs).
         output: The rank-0 output (default: the only rank-0 FLOAT/DOUBLE output).
+        stop_gradient: Main-graph values whose derivative is treated as zero, as in
+            :func:`grad` (both differentiations hold them constant).
 
     Returns:
         A new ``onnx_ir.Model``.
 
     Raises:
         SelectionError: The output is not a rank-0 float, or there is no unique default.
+            Or a ``stop_gradient`` name is unknown or also a selected input.
     """
-    return HessianPass(inputs, output)(model).model
+    return HessianPass(inputs, output, stop_gradient)(model).model
 
 
 def unroll(model: ir.Model, max_steps: int | None = None) -> ir.Model:

@@ -43,19 +43,28 @@ def _apply(args: argparse.Namespace, model: ir.Model) -> ir.Model:
             args.randomness,
         )
     inputs = names(args.inputs)
+    stop = names(args.stop_gradient)
     if args.command == "grad":
-        return api.grad(model, inputs, args.output, args.accumulate)
+        return api.grad(model, inputs, args.output, args.accumulate, stop_gradient=stop)
     if args.command in ("jvp", "vjp"):
         transform_acc: Callable[..., ir.Model] = getattr(api, args.command)
-        return transform_acc(model, inputs, names(args.outputs), args.accumulate)
+        return transform_acc(
+            model, inputs, names(args.outputs), args.accumulate, stop_gradient=stop
+        )
     if args.command == "hessian":
-        return api.hessian(model, inputs, args.output)
+        return api.hessian(model, inputs, args.output, stop_gradient=stop)
     transform: Callable[..., ir.Model] = getattr(api, args.command)
-    return transform(model, inputs, names(args.outputs))
+    return transform(model, inputs, names(args.outputs), stop_gradient=stop)
 
 
 def run_transform(args: argparse.Namespace, progress: Progress) -> int:
     """Reads, transforms and writes a model; with ``--check``, checks the result."""
+    if args.check and getattr(args, "stop_gradient", None):
+        raise CliError(
+            "--check and --stop-gradient together: the check's reference, finite differences "
+            "of the source model, differentiates through the stopped values, so it would "
+            "report a mismatch for a correct result. Drop --check."
+        )
     refuse_overwrite(args.model, [Path(args.result)])
     progress(f"reading {args.model}")
     model = load(args.model)
@@ -151,6 +160,12 @@ def register(sub: Any, common: argparse.ArgumentParser) -> None:
                 else "float outputs"
             )
             p.add_argument("--outputs", help=f"comma-separated output names (default: {default})")
+        if name != "vmap":
+            p.add_argument(
+                "--stop-gradient",
+                help="comma-separated main-graph value names whose derivative is zero "
+                "(like jax.lax.stop_gradient)",
+            )
         if name in ("grad", "jvp", "vjp"):
             p.add_argument(
                 "--accumulate",

@@ -15,6 +15,7 @@ from collections.abc import Sequence
 import onnx_ir as ir
 
 from onnax.errors import OnnaxError
+from onnax.passes.stop_gradient import StopGradient
 
 __all__ = ["HessianPass", "JacfwdPass", "JacrevPass"]
 
@@ -27,23 +28,29 @@ class JacfwdPass(ir.passes.FunctionalPass):
     Args:
         inputs: Input or initializer names (default: FLOAT/DOUBLE graph inputs).
         outputs: Output names (default: FLOAT/DOUBLE outputs).
+        stop_gradient: Main-graph values whose derivative is treated as zero.
     """
 
     mode = "fwd"
 
     def __init__(
-        self, inputs: str | Sequence[str] | None = None, outputs: str | Sequence[str] | None = None
+        self,
+        inputs: str | Sequence[str] | None = None,
+        outputs: str | Sequence[str] | None = None,
+        stop_gradient: StopGradient = None,
     ) -> None:
         super().__init__()
         self.inputs = inputs
         self.outputs = outputs
+        self.stop_gradient = stop_gradient
 
     def call(self, model: ir.Model) -> ir.passes.PassResult:
         """Builds the Jacobian model; the argument is left untouched."""
         from onnax.passes.jacobian import jacobian_model
 
         return ir.passes.PassResult(
-            jacobian_model(model, self.inputs, self.outputs, self.mode), modified=True
+            jacobian_model(model, self.inputs, self.outputs, self.mode, self.stop_gradient),
+            modified=True,
         )
 
 
@@ -53,6 +60,7 @@ class JacrevPass(JacfwdPass):
     Args:
         inputs: Input or initializer names (default: FLOAT/DOUBLE graph inputs).
         outputs: Output names (default: FLOAT/DOUBLE outputs).
+        stop_gradient: Main-graph values whose derivative is treated as zero.
     """
 
     mode = "rev"
@@ -66,14 +74,19 @@ class HessianPass(ir.passes.FunctionalPass):
     Args:
         inputs: Input or initializer names (default: FLOAT/DOUBLE graph inputs).
         output: The rank-0 output (default: the only rank-0 FLOAT/DOUBLE output).
+        stop_gradient: Main-graph values whose derivative is treated as zero (in both steps).
     """
 
     def __init__(
-        self, inputs: str | Sequence[str] | None = None, output: str | None = None
+        self,
+        inputs: str | Sequence[str] | None = None,
+        output: str | None = None,
+        stop_gradient: StopGradient = None,
     ) -> None:
         super().__init__()
         self.inputs = inputs
         self.output = output
+        self.stop_gradient = stop_gradient
 
     def call(self, model: ir.Model) -> ir.passes.PassResult:
         """Builds the Hessian model; the argument is left untouched."""
@@ -96,11 +109,11 @@ class HessianPass(ir.passes.FunctionalPass):
 
         prepared = prepare(model, "hessian")
         y = scalar_output(prepared.graph, self.output, "hessian")
-        first = jacobian_model(prepared, self.inputs, [str(y.name)], "rev")
+        first = jacobian_model(prepared, self.inputs, [str(y.name)], "rev", self.stop_gradient)
         n_primal = len(prepared.graph.outputs)
         grads = [str(v.name) for v in list(first.graph.outputs)[n_primal:]]
         x_names = [g[len(f"jac_{y.name}_") :] for g in grads]
-        second = jacobian_model(first, x_names, grads, "fwd")
+        second = jacobian_model(first, x_names, grads, "fwd", self.stop_gradient)
         graph = second.graph
         primal = list(graph.outputs)[:n_primal]
         blocks = list(graph.outputs)[n_primal + len(grads) :]

@@ -16,6 +16,7 @@ from onnax.passes.cleanup import cleanup
 from onnax.passes.linearize import linearize
 from onnax.passes.outputs import append_outputs
 from onnax.passes.prepare import prepare
+from onnax.passes.stop_gradient import StopGradient, resolve_stops, without_stopped
 from onnax.passes.transpose import transpose_linear
 
 __all__ = ["GradPass", "scalar_output"]
@@ -81,6 +82,10 @@ class GradPass(ir.passes.FunctionalPass):
         accumulate: ``"model"`` computes the derivatives in the model's element types;
             ``"float32"`` runs the sums among them (reductions, MatMul, Gemm, Conv, scatter-adds)
             in FLOAT where they combine FLOAT16/BFLOAT16 values.
+        stop_gradient: Names of main-graph values (inputs, initializers or node outputs)
+            whose derivative is treated as zero, like ``jax.lax.stop_gradient``: the primal is
+            unchanged, no tangent or cotangent flows through them. Stopped inputs leave the
+            default ``inputs``; naming one in ``inputs`` as well is an error.
     """
 
     def __init__(
@@ -88,11 +93,13 @@ class GradPass(ir.passes.FunctionalPass):
         inputs: str | Sequence[str] | None = None,
         output: str | None = None,
         accumulate: Accumulate = "model",
+        stop_gradient: StopGradient = None,
     ) -> None:
         super().__init__()
         self.inputs = inputs
         self.output = output
         self.accumulate = check_accumulate(accumulate, "grad")
+        self.stop_gradient = stop_gradient
 
     @gc_paused
     def call(self, model: ir.Model) -> ir.passes.PassResult:
@@ -101,10 +108,12 @@ class GradPass(ir.passes.FunctionalPass):
         graph = model.graph
         primal = set(graph.all_nodes())
         y = scalar_output(graph, self.output)
+        stopped = resolve_stops(model, self.stop_gradient, "grad")
         xs = select_inputs(graph, self.inputs, "grad")
+        xs = without_stopped(xs, stopped, self.inputs is not None, "grad")
         prefix = diff_prefix(io_names(graph), "grad")
         claims = NameClaims(model)
-        lin = linearize(model, xs, "grad", outputs=[y])
+        lin = linearize(model, xs, "grad", outputs=[y], stop_gradient=stopped)
         em = Emitter(lin.opset)
         seed = em.scalar(1.0, y)
         graph.extend(em.take())

@@ -24,6 +24,7 @@ from onnax.errors import SelectionError
 from onnax.passes.cleanup import cleanup
 from onnax.passes.jvp import JvpPass
 from onnax.passes.prepare import prepare
+from onnax.passes.stop_gradient import StopGradient, resolve_stops, without_stopped
 from onnax.passes.vjp import VjpPass
 from onnax.passes.vmap import VmapPass
 
@@ -57,11 +58,17 @@ def jacobian_model(
     inputs: str | Sequence[str] | None,
     outputs: str | Sequence[str] | None,
     mode: str,
+    stop_gradient: StopGradient = None,
 ) -> ir.Model:
-    """The model with ``jac_<y>_<x>`` outputs appended; ``mode`` is "fwd" or "rev"."""
+    """The model with ``jac_<y>_<x>`` outputs appended; ``mode`` is "fwd" or "rev".
+
+    ``stop_gradient`` names values whose derivative is zero (see :func:`onnax.api.jvp`).
+    """
     transform = "jacfwd" if mode == "fwd" else "jacrev"
     prepared = prepare(model, transform)
+    stopped = resolve_stops(prepared, stop_gradient, transform)
     xs = select_inputs(prepared.graph, inputs, transform)
+    xs = without_stopped(xs, stopped, inputs is not None, transform)
     ys = select_outputs(prepared.graph, outputs, transform)
     if not xs or not ys:
         raise SelectionError(
@@ -80,10 +87,10 @@ def jacobian_model(
     y_names = [str(y.name) for y in ys]
     n_in, n_out = len(prepared.graph.inputs), len(prepared.graph.outputs)
     if mode == "fwd":
-        derived = JvpPass(x_names, y_names)(prepared).model
+        derived = JvpPass(x_names, y_names, stop_gradient=stop_gradient)(prepared).model
         basis_of = xs
     else:
-        derived = VjpPass(x_names, y_names)(prepared).model
+        derived = VjpPass(x_names, y_names, stop_gradient=stop_gradient)(prepared).model
         basis_of = ys
     seeded = [str(v.name) for v in list(derived.graph.inputs)[n_in:]]
     results = list(derived.graph.outputs)[n_out:]

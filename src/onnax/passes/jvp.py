@@ -15,6 +15,7 @@ from onnax.passes.cleanup import cleanup
 from onnax.passes.linearize import linearize
 from onnax.passes.outputs import append_outputs
 from onnax.passes.prepare import prepare
+from onnax.passes.stop_gradient import StopGradient, resolve_stops, without_stopped
 
 __all__ = ["JvpPass"]
 
@@ -35,6 +36,10 @@ class JvpPass(ir.passes.FunctionalPass):
         accumulate: ``"model"`` computes the derivatives in the model's element types;
             ``"float32"`` runs the sums among them (reductions, MatMul, Gemm, Conv, scatter-adds)
             in FLOAT where they combine FLOAT16/BFLOAT16 values.
+        stop_gradient: Names of main-graph values (inputs, initializers or node outputs)
+            whose derivative is treated as zero, like ``jax.lax.stop_gradient``: the primal is
+            unchanged, no tangent or cotangent flows through them. Stopped inputs leave the
+            default ``inputs``; naming one in ``inputs`` as well is an error.
     """
 
     def __init__(
@@ -42,11 +47,13 @@ class JvpPass(ir.passes.FunctionalPass):
         inputs: str | Sequence[str] | None = None,
         outputs: str | Sequence[str] | None = None,
         accumulate: Accumulate = "model",
+        stop_gradient: StopGradient = None,
     ) -> None:
         super().__init__()
         self.inputs = inputs
         self.outputs = outputs
         self.accumulate = check_accumulate(accumulate, "jvp")
+        self.stop_gradient = stop_gradient
 
     @gc_paused
     def call(self, model: ir.Model) -> ir.passes.PassResult:
@@ -54,7 +61,9 @@ class JvpPass(ir.passes.FunctionalPass):
         model = prepare(model, "jvp")
         graph = model.graph
         primal = set(graph.all_nodes())
+        stopped = resolve_stops(model, self.stop_gradient, "jvp")
         xs = select_inputs(graph, self.inputs, "jvp")
+        xs = without_stopped(xs, stopped, self.inputs is not None, "jvp")
         ys = select_outputs(graph, self.outputs, "jvp")
         if self.outputs is None:
             # The seed contract of higher derivatives: on a model that holds generated
@@ -64,7 +73,7 @@ class JvpPass(ir.passes.FunctionalPass):
             ys = generated or ys
         prefix = diff_prefix(io_names(graph), "fwd")
         claims = NameClaims(model)
-        lin = linearize(model, xs, "jvp", outputs=ys)
+        lin = linearize(model, xs, "jvp", outputs=ys, stop_gradient=stopped)
         for x, t in zip(xs, lin.tangent_inputs, strict=True):
             claims.claim(t, prefix + x.name)  # type: ignore[operator]
         em = Emitter(lin.opset, lin.linear)

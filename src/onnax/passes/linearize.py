@@ -23,6 +23,7 @@ from onnax.core.selection import is_float
 from onnax.core.subgraphs import BodyHooks, ScopedEmitter, name_values, subgraph_reads
 from onnax.errors import UnsupportedOperatorError
 from onnax.passes.expand import expand
+from onnax.passes.stop_gradient import insert_stops
 from onnax.rules import collect
 
 __all__ = ["CONTROL_FLOW", "Linearization", "linearize", "linearize_graph"]
@@ -45,6 +46,8 @@ class Linearization:
         transform: The user-facing transform name.
         replaced: Outputs of nodes that forward mode replaced, mapped to their replacements
             (graph outputs keep their names but become new values).
+        stopped: Values left without a tangent whatever their inputs carry (``stop_gradient``;
+            main graph only).
     """
 
     tangent_inputs: list[ir.Value]
@@ -55,6 +58,7 @@ class Linearization:
     opset: int
     transform: str = ""
     replaced: dict[ir.Value, ir.Value] = dataclasses.field(default_factory=dict)
+    stopped: frozenset[ir.Value] = frozenset()
 
 
 def _default_mode(transform: str) -> str:
@@ -80,6 +84,7 @@ def linearize(
     transform: str,
     mode: str | None = None,
     outputs: Sequence[ir.Value] | None = None,
+    stop_gradient: Sequence[ir.Value] = (),
 ) -> Linearization:
     """Adds tangent inputs for ``inputs`` and the nodes computing every reachable tangent.
 
@@ -96,16 +101,21 @@ def linearize(
         outputs: The outputs whose tangents are wanted (default: all). Nodes they do not
             depend on are left alone: an operator without a rule there (a sequence operator
             feeding another output, say) does not stop the transform.
+        stop_gradient: Main-graph values whose tangent is a symbolic zero (resolved by
+            :func:`~onnax.passes.stop_gradient.resolve_stops`); their consumers read them
+            through an Identity that cuts the derivative path.
 
     Raises:
         UnsupportedOperatorError: If an active path reaches an operator without a jvp rule.
         UnsupportedValueError: If it reaches a random operator, a sequence or an optional.
     """
     collect()
-    expand(model, inputs, jvp_rules, transform)
     graph = model.graph
+    # Before expansion, which may replace the nodes producing stopped values.
+    stopped = frozenset(insert_stops(graph, stop_gradient))
+    expand(model, inputs, jvp_rules, transform)
     opset = model.opset_imports[""]
-    lin = Linearization([], {}, {}, set(), [], opset, transform)
+    lin = Linearization([], {}, {}, set(), [], opset, transform, stopped=stopped)
     for x in inputs:
         t = ir.Value(name=None, type=x.type, shape=x.shape.copy() if x.shape is not None else None)
         graph.inputs.append(t)
@@ -182,7 +192,11 @@ def linearize_graph(
             # A forward-mode control-flow rule replaced the node by one computing both.
             graph.remove(node, safe=True)
             lin.replaced.update(em.replaced)
-        for out, t_out in zip(outputs, tangents_out, strict=False):
+        for original, out, t_out in zip(node.outputs, outputs, tangents_out, strict=False):
+            if original in lin.stopped or out in lin.stopped:
+                # stop_gradient: the rule's tangent nodes are left dead for cleanup; reverse
+                # mode never sends them a cotangent.
+                continue
             if t_out is not None and (is_float(out) or out.type is None):
                 # A tangent has its primal's shape by contract. Saying so now keeps the symbols
                 # that inference would otherwise invent for broadcasts, so transposes can find a

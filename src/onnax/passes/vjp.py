@@ -15,6 +15,7 @@ from onnax.passes.cleanup import cleanup
 from onnax.passes.linearize import linearize
 from onnax.passes.outputs import append_outputs, input_like
 from onnax.passes.prepare import prepare
+from onnax.passes.stop_gradient import StopGradient, resolve_stops, without_stopped
 from onnax.passes.transpose import transpose_linear
 
 __all__ = ["VjpPass"]
@@ -34,6 +35,10 @@ class VjpPass(ir.passes.FunctionalPass):
         accumulate: ``"model"`` computes the derivatives in the model's element types;
             ``"float32"`` runs the sums among them (reductions, MatMul, Gemm, Conv, scatter-adds)
             in FLOAT where they combine FLOAT16/BFLOAT16 values.
+        stop_gradient: Names of main-graph values (inputs, initializers or node outputs)
+            whose derivative is treated as zero, like ``jax.lax.stop_gradient``: the primal is
+            unchanged, no tangent or cotangent flows through them. Stopped inputs leave the
+            default ``inputs``; naming one in ``inputs`` as well is an error.
     """
 
     def __init__(
@@ -41,11 +46,13 @@ class VjpPass(ir.passes.FunctionalPass):
         inputs: str | Sequence[str] | None = None,
         outputs: str | Sequence[str] | None = None,
         accumulate: Accumulate = "model",
+        stop_gradient: StopGradient = None,
     ) -> None:
         super().__init__()
         self.inputs = inputs
         self.outputs = outputs
         self.accumulate = check_accumulate(accumulate, "vjp")
+        self.stop_gradient = stop_gradient
 
     @gc_paused
     def call(self, model: ir.Model) -> ir.passes.PassResult:
@@ -53,7 +60,9 @@ class VjpPass(ir.passes.FunctionalPass):
         model = prepare(model, "vjp")
         graph = model.graph
         primal = set(graph.all_nodes())
+        stopped = resolve_stops(model, self.stop_gradient, "vjp")
         xs = select_inputs(graph, self.inputs, "vjp")
+        xs = without_stopped(xs, stopped, self.inputs is not None, "vjp")
         ys = select_outputs(graph, self.outputs, "vjp")
         prefix = diff_prefix(io_names(graph), "adj")
         claims = NameClaims(model)
@@ -62,7 +71,7 @@ class VjpPass(ir.passes.FunctionalPass):
             seed = input_like(y)
             claims.claim(seed, f"{prefix}{y.name}")
             seeds.append((y, seed))
-        lin = linearize(model, xs, "vjp", outputs=ys)
+        lin = linearize(model, xs, "vjp", outputs=ys, stop_gradient=stopped)
         cts = transpose_linear(model, lin, seeds, xs)
         for _, seed in seeds:
             graph.inputs.append(seed)
