@@ -44,17 +44,17 @@ def _apply(args: argparse.Namespace, model: ir.Model) -> ir.Model:
         )
     inputs = names(args.inputs)
     stop = names(args.stop_gradient)
+    # passed only when given, so the API's own default stands otherwise
+    extra = {"stop_gradient": stop} if stop else {}
     if args.command == "grad":
-        return api.grad(model, inputs, args.output, args.accumulate, stop_gradient=stop)
+        return api.grad(model, inputs, args.output, args.accumulate, **extra)
     if args.command in ("jvp", "vjp"):
         transform_acc: Callable[..., ir.Model] = getattr(api, args.command)
-        return transform_acc(
-            model, inputs, names(args.outputs), args.accumulate, stop_gradient=stop
-        )
+        return transform_acc(model, inputs, names(args.outputs), args.accumulate, **extra)
     if args.command == "hessian":
-        return api.hessian(model, inputs, args.output, stop_gradient=stop)
+        return api.hessian(model, inputs, args.output, **extra)
     transform: Callable[..., ir.Model] = getattr(api, args.command)
-    return transform(model, inputs, names(args.outputs), stop_gradient=stop)
+    return transform(model, inputs, names(args.outputs), **extra)
 
 
 def run_transform(args: argparse.Namespace, progress: Progress) -> int:
