@@ -155,11 +155,11 @@ def split(joint: ir.Model, n_in: int, n_out: int) -> Split:
     keep = set(linear_nodes)
     stack = [v for v in wanted if v in constant]
     while stack:
-        node = stack.pop().producer()
-        if node is None or node in keep or node.graph is not graph:
+        producer = stack.pop().producer()
+        if producer is None or producer in keep or producer.graph is not graph:
             continue
-        keep.add(node)
-        stack.extend(_reads(node))
+        keep.add(producer)
+        stack.extend(_reads(producer))
     prefix = residual_prefix(_all_names(joint))
     names = [f"{prefix}{i}" for i in range(len(residuals))]
     index = {v: i for i, v in enumerate(graph)}
