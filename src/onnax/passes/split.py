@@ -72,6 +72,8 @@ def joint_model(
     for x, t in zip(xs, lin.tangent_inputs, strict=True):
         claims.claim(t, prefix + str(x.name))
     em = Emitter(lin.opset, lin.linear)
+    # A primal Loop is replaced by one that also counts its iterations (the records' length).
+    ys = [lin.replaced.get(y, y) for y in ys]
     pairs = [(y, lin.tangent.get(y)) for y in ys]
     append_outputs(em, graph, claims, prefix, pairs, TRANSFORM)
     accumulate_in_float(model, primal, accumulate)

@@ -1,0 +1,292 @@
+"""``linearize``: a forward model (primal outputs + residuals) and a linear model (J·v).
+
+Oracles, none of which knows the rules:
+
+* the linear model fed the forward model's residuals equals the independently built jvp model,
+  and both agree with float64/float32 central differences of the primal model;
+* linearity: ``L(a v + b w) = a L(v) + b L(w)``;
+* the forward model's primal outputs equal the primal model's;
+* structure: every node of the linear model reads a tangent input (constants excepted), it holds
+  no nonlinear primal operator, and the weights it multiplies by are not residuals;
+* source isolation and determinism, as ``oracles.contract_checked`` checks them.
+"""
+
+from __future__ import annotations
+
+import argparse
+from collections.abc import Sequence
+from pathlib import Path
+
+import numpy as np
+import onnx
+import onnx_ir as ir
+import pytest
+
+import onnax
+from cases import Case
+from onnax.core.subgraphs import subgraph_reads
+from onnax.errors import SelectionError
+from onnax.linearization import linearize
+from onnax.linearize_cli import add_parser
+from onnax.linearize_cli import run as run_cli
+from oracles import check_model_valid, fd_jvp, run, serialized, tolerances
+from rules.test_control_flow import CASES, PASSTHROUGH_CASES
+
+DATA = Path(__file__).parent / "data"
+
+Models = tuple[ir.Model, ir.Model]
+
+
+def linearized(
+    model: ir.Model, inputs: Sequence[str] | None = None, outputs: Sequence[str] | None = None
+) -> Models:
+    """``linearize(model)`` with the transform contract checked on both halves."""
+    before = serialized(model)
+    fwd, lin = linearize(model, inputs, outputs)
+    assert serialized(model) == before, "linearize changed its source model"
+    again = linearize(model, inputs, outputs)
+    assert [serialized(m) for m in again] == [serialized(fwd), serialized(lin)], "not deterministic"
+    reloaded = linearize(ir.from_proto(onnx.load_from_string(before)), inputs, outputs)
+    assert [serialized(m) for m in reloaded] == [serialized(fwd), serialized(lin)]
+    check_model_valid(fwd)
+    check_model_valid(lin)
+    return fwd, lin
+
+
+def apply_linear(
+    fwd: ir.Model, lin: ir.Model, feeds: dict[str, np.ndarray], tangents: dict[str, np.ndarray]
+) -> tuple[dict[str, np.ndarray], dict[str, np.ndarray]]:
+    """Runs the forward model once and the linear model on its residuals."""
+    forward = run(fwd, feeds)
+    residuals = {v.name: forward[v.name] for v in lin.graph.inputs if v.name in forward}
+    return forward, run(lin, {**residuals, **tangents})
+
+
+def tangents_for(lin: ir.Model, feeds: dict[str, np.ndarray], seed: int) -> dict[str, np.ndarray]:
+    """One random direction per tangent input, shaped like its primal's feed."""
+    rng = np.random.default_rng(seed)
+    out = {}
+    for v in lin.graph.inputs:
+        if v.name.startswith("fwd_"):
+            primal = feeds.get(v.name[len("fwd_") :])
+            shape = primal.shape if primal is not None else [int(d) for d in v.shape.dims]
+            out[v.name] = rng.standard_normal(shape).astype(v.dtype.numpy())
+    return out
+
+
+def check_against_oracles(
+    model: ir.Model,
+    feeds: dict[str, np.ndarray],
+    inputs: Sequence[str] | None = None,
+    outputs: Sequence[str] | None = None,
+) -> Models:
+    """Linear model == jvp model == central differences; forward model == primal."""
+    fwd, lin = linearized(model, inputs, outputs)
+    tangents = tangents_for(lin, feeds, seed=1)
+    forward, got = apply_linear(fwd, lin, feeds, tangents)
+    primal = run(model, feeds)
+    assert [v.name for v in fwd.graph.outputs][: len(primal)] == list(primal)
+    for y, value in primal.items():
+        np.testing.assert_allclose(forward[y], value, rtol=1e-6, atol=1e-6, err_msg=y)
+    reference = run(onnax.jvp(model, inputs, outputs), {**feeds, **tangents})
+    assert list(got) == [v.name for v in lin.graph.outputs]
+    assert set(got) <= set(reference)
+    directions = {t[len("fwd_") :]: v for t, v in tangents.items()}
+    fd = fd_jvp(model, feeds, directions, [t[len("fwd_") :] for t in got])
+    for t, value in got.items():
+        np.testing.assert_allclose(value, reference[t], rtol=1e-6, atol=1e-7, err_msg=t)
+        np.testing.assert_allclose(value, fd[t[4:]], **tolerances(value.dtype), err_msg=t)
+    return fwd, lin
+
+
+def assert_linear_structure(lin: ir.Model) -> None:
+    """Every node reads a tangent input (directly or through what its subgraphs capture).
+
+    Constants (Constant nodes and what they alone compute) are the exception: they move with the
+    linear part instead of becoming residuals.
+    """
+    graph = lin.graph
+    tangent = {v for v in graph.inputs if v.name.startswith("fwd")}
+    constant = {v for v in graph.initializers.values() if v not in set(graph.inputs)}
+    for node in graph:
+        reads = [v for v in (*node.inputs, *subgraph_reads(node)) if v is not None]
+        if any(v in tangent for v in reads):
+            tangent.update(node.outputs)
+        else:
+            assert all(v in constant for v in reads), (
+                f"{node.op_type} {node.name!r} computes from residuals alone: primal work"
+            )
+            constant.update(node.outputs)
+
+
+def torch_model(name: str) -> tuple[ir.Model, dict[str, np.ndarray]]:
+    model = ir.load(DATA / f"torch_{name}.onnx")
+    rng = np.random.default_rng(0)
+    feeds = {
+        str(v.name): rng.standard_normal([int(d) for d in v.shape.dims]).astype(np.float32)
+        for v in model.graph.inputs
+        if v.name not in model.graph.initializers
+    }
+    return model, feeds
+
+
+NONLINEAR = {"Relu", "Tanh", "Sigmoid", "Exp", "Log", "Sqrt", "Div", "Pow", "Softmax", "LSTM"}
+
+
+@pytest.mark.parametrize("name", ["mlp", "cnn_bn", "lstm_2layer_bidir"])
+def test_torch_models_against_jvp_and_differences(name: str) -> None:
+    model, feeds = torch_model(name)
+    _fwd, lin = check_against_oracles(model, feeds)
+    assert_linear_structure(lin)
+    primal_ops = {n.op_type for n in model.graph.all_nodes()}
+    assert not {n.op_type for n in lin.graph.all_nodes()} & primal_ops & NONLINEAR
+    # The primal inputs are not inputs of the linear model: it reads residuals only.
+    assert not {v.name for v in lin.graph.inputs} & set(feeds)
+
+
+@pytest.mark.parametrize("name", ["mlp", "cnn_bn"])
+def test_linearity(name: str) -> None:
+    model, feeds = torch_model(name)
+    fwd, lin = linearize(model)
+    v, w = tangents_for(lin, feeds, seed=2), tangents_for(lin, feeds, seed=3)
+    a, b = np.float32(0.7), np.float32(-1.9)
+    combined = {k: a * v[k] + b * w[k] for k in v}
+    _, lv = apply_linear(fwd, lin, feeds, v)
+    _, lw = apply_linear(fwd, lin, feeds, w)
+    _, lc = apply_linear(fwd, lin, feeds, combined)
+    for y in lc:
+        np.testing.assert_allclose(lc[y], a * lv[y] + b * lw[y], rtol=1e-4, atol=1e-6)
+
+
+CONTROL_FLOW = [*CASES, *PASSTHROUGH_CASES]
+
+
+@pytest.mark.parametrize("case", CONTROL_FLOW, ids=[c.name for c in CONTROL_FLOW])
+def test_control_flow_against_jvp_and_differences(case: Case) -> None:
+    model = case.model("double", case.opsets[-1])
+    _fwd, lin = check_against_oracles(model, case.feeds(model), case.inputs)
+    assert_linear_structure(lin)
+
+
+MATMUL = """
+<ir_version: 10, opset_import: ["" : 18]>
+agraph (float[2, 3] x) => (float[2, 4] y)
+<float[3, 4] W = {1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12}> {
+    y = MatMul(x, W)
+}
+"""
+
+
+def test_weights_move_with_the_linear_part() -> None:
+    """A linear map needs no residual: the weight is copied, not passed through."""
+    model = ir.from_onnx_text(MATMUL)
+    fwd, lin = linearized(model)
+    assert [v.name for v in fwd.graph.outputs] == ["y"]
+    assert [v.name for v in lin.graph.inputs] == ["fwd_x"]
+    assert list(lin.graph.initializers) == ["W"]
+
+
+def test_the_structure_check_sees_primal_work() -> None:
+    """The structural oracle refuses a jvp model, whose primal nodes read no tangent."""
+    model, _ = torch_model("mlp")
+    with pytest.raises(AssertionError, match="computes from residuals alone"):
+        assert_linear_structure(onnax.jvp(model))
+
+
+MULTI = """
+<ir_version: 10, opset_import: ["" : 18]>
+agraph (double[3] a, double[3] b, double[3] c) => (double[3] p, double[3] q, double[3] r) {
+    ab = Mul(a, b)
+    p = Tanh(ab)
+    q = Mul(a, a)
+    r = Sin(c)
+}
+"""
+
+
+def test_several_inputs_and_outputs() -> None:
+    """Residuals include primal graph inputs (``a`` in ``q = a * a``); ``r`` has a zero tangent."""
+    model = ir.from_onnx_text(MULTI)
+    rng = np.random.default_rng(0)
+    feeds = {k: rng.standard_normal(3) for k in "abc"}
+    fwd, lin = check_against_oracles(model, feeds, ["a", "b"], ["p", "q", "r"])
+    assert [v.name for v in lin.graph.outputs] == ["fwd_p", "fwd_q", "fwd_r"]
+    n_res = len(fwd.graph.outputs) - 3
+    names = [v.name for v in lin.graph.inputs]
+    assert names == [f"res_{i}" for i in range(n_res)] + ["fwd_a", "fwd_b"]
+    assert [v.name for v in fwd.graph.outputs][3:] == names[:n_res]
+    # r's tangent is zero whatever the direction.
+    _, got = apply_linear(fwd, lin, feeds, tangents_for(lin, feeds, 5))
+    np.testing.assert_array_equal(got["fwd_r"], np.zeros(3))
+
+
+def test_residual_names_avoid_the_models_names() -> None:
+    text = MULTI.replace("ab", "res_0")
+    model = ir.from_onnx_text(text)
+    fwd, _lin = linearized(model, ["a"], ["p"])
+    residuals = [v.name for v in fwd.graph.outputs][3:]
+    assert residuals and all(n.startswith("res2_") for n in residuals)
+
+
+def test_hessian_vector_products_of_a_grad_model() -> None:
+    """linearize(grad(m)): the linear model computes H·v, as jvp(grad(m)) and differences say."""
+    text = """
+    <ir_version: 10, opset_import: ["" : 18]>
+    agraph (double[2, 3] x) => (double L)
+    <double[3, 2] W = {0.1, -0.4, 0.7, 0.2, -0.3, 0.5}> {
+        h = MatMul(x, W)
+        t = Tanh(h)
+        sq = Mul(t, t)
+        L = ReduceSum <keepdims = 0> (sq)
+    }
+    """
+    model = ir.from_onnx_text(text)
+    g = onnax.grad(model, inputs=["W"], output="L")
+    feeds = {"x": np.random.default_rng(0).standard_normal((2, 3))}
+    _fwd, lin = check_against_oracles(g, feeds, ["W"])
+    assert [v.name for v in lin.graph.outputs] == ["fwd_grad_W"]
+    assert_linear_structure(lin)
+
+
+def test_unknown_names_are_refused_with_the_choices() -> None:
+    model = ir.from_onnx_text(MULTI)
+    with pytest.raises(SelectionError) as info:
+        linearize(model, inputs=["nope"])
+    message = str(info.value)
+    assert message.startswith("linearize: no graph input or initializer named 'nope'")
+    assert "['a', 'b', 'c']" in message
+    with pytest.raises(SelectionError) as info:
+        linearize(model, outputs=["z"])
+    message = str(info.value)
+    assert message.startswith("linearize: no graph output named 'z'")
+    assert "['p', 'q', 'r']" in message
+
+
+def cli_args(argv: list[str]) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(prog="onnax")
+    add_parser(parser.add_subparsers(dest="command", required=True))
+    return parser.parse_args(argv)
+
+
+def test_command_line_writes_both_models(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    source = tmp_path / "m.onnx"
+    ir.save(ir.from_onnx_text(MULTI), source)
+    out = tmp_path / "out"
+    status = run_cli(cli_args(["linearize", str(source), str(out), "--inputs", "a,b"]))
+    assert status == 0
+    fwd, lin = ir.load(out / "forward.onnx"), ir.load(out / "linear.onnx")
+    expected = linearize(ir.load(source), ["a", "b"])
+    assert [serialized(m) for m in (fwd, lin)] == [serialized(m) for m in expected]
+    printed = capsys.readouterr().out
+    assert "forward.onnx" in printed and "linear.onnx" in printed and "res_0" in printed
+
+
+def test_command_line_refuses_to_overwrite_a_file(tmp_path: Path) -> None:
+    source = tmp_path / "m.onnx"
+    ir.save(ir.from_onnx_text(MULTI), source)
+    with pytest.raises(onnax.OnnaxError) as info:
+        run_cli(cli_args(["linearize", str(source), str(source)]))
+    message = str(info.value)
+    assert "is a file, expected a directory" in message and "Give a directory" in message
