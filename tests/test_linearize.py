@@ -290,3 +290,27 @@ def test_command_line_refuses_to_overwrite_a_file(tmp_path: Path) -> None:
         run_cli(cli_args(["linearize", str(source), str(source)]))
     message = str(info.value)
     assert "is a file, expected a directory" in message and "Give a directory" in message
+
+
+SYMBOLIC = """
+<ir_version: 10, opset_import: ["" : 18]>
+agraph (double[N] a, double[N] c) => (double[N] p, double[N] r) {
+    p = Tanh(a)
+    r = Sin(c)
+}
+"""
+
+
+def test_zero_tangent_of_symbolic_shape_keeps_its_name() -> None:
+    """``fwd_r`` is zeros shaped like ``r`` at run time: the forward model makes them, and the
+    linear model passes that residual on as ``fwd_r`` (the output once took the residual's name).
+    """
+    model = ir.from_onnx_text(SYMBOLIC)
+    rng = np.random.default_rng(0)
+    feeds = {"a": rng.standard_normal(4), "c": rng.standard_normal(4)}
+    fwd, lin = check_against_oracles(model, feeds, ["a"])
+    assert [v.name for v in lin.graph.outputs] == ["fwd_p", "fwd_r"]
+    # The residual inputs keep the symbolic batch dimension of the forward outputs.
+    assert [str(v.shape) for v in lin.graph.inputs] == ["[N]"] * len(lin.graph.inputs)
+    _, got = apply_linear(fwd, lin, feeds, tangents_for(lin, feeds, 1))
+    np.testing.assert_array_equal(got["fwd_r"], np.zeros(4))

@@ -36,7 +36,7 @@ import onnax
 from onnax.linearization import linearize
 
 sys.path.insert(0, str(Path(__file__).parent))
-from bench_core import mlp  # noqa: E402
+from bench_core import mlp
 
 OPSET = 21
 

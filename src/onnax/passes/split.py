@@ -166,7 +166,9 @@ def split(joint: ir.Model, n_in: int, n_out: int) -> Split:
     names = [f"{prefix}{i}" for i in range(len(residuals))]
     index = {v: i for i, v in enumerate(graph)}
     forward = _forward(joint, n_in, n_out, [index[n] for n in linear_nodes], residuals, names)
-    lin = _linear(joint, n_in, n_out, {index[n] for n in keep}, residuals, names)
+    # The forward model's inference has seen the residuals as outputs: its shapes are the best.
+    like = list(forward.graph.outputs)[n_out:]
+    lin = _linear(joint, n_in, n_out, {index[n] for n in keep}, residuals, like)
     return Split(forward, lin, names)
 
 
@@ -205,7 +207,7 @@ def _linear(
     n_out: int,
     keep: set[int],
     residuals: list[ir.Value],
-    names: list[str],
+    like: list[ir.Value],
 ) -> ir.Model:
     model = _copy(joint)
     graph = model.graph
@@ -213,17 +215,30 @@ def _linear(
     by_name = _values_by_name(graph)
     tangent_in = list(graph.inputs)[n_in:]
     tangent_out = list(graph.outputs)[n_out:]
+    graph.outputs.clear()  # rebuilt below; outputs do not follow replaced uses
     res_inputs = []
-    for v, name in zip(residuals, names, strict=True):
+    passed: dict[ir.Value, ir.Value] = {}
+    for v, out in zip(residuals, like, strict=True):
         old = by_name[str(v.name)]
         new = ir.Value(
-            name=None, type=old.type, shape=old.shape.copy() if old.shape is not None else None
+            name=None, type=out.type, shape=out.shape.copy() if out.shape is not None else None
         )
-        old.replace_all_uses_with(new, replace_graph_outputs=True)
-        new.name = name
+        old.replace_all_uses_with(new)
+        new.name = out.name
         res_inputs.append(new)
-    graph.outputs.clear()
-    graph.outputs.extend(tangent_out)
+        passed[old] = new
+    em = Emitter(model.opset_imports[""])
+    outputs = []
+    for t in tangent_out:
+        if t in passed:
+            # A zero tangent of symbolic shape, made by the forward model from the primal's
+            # shape: the one node of the linear model that reads no tangent.
+            name, t.name = t.name, None
+            t = em.op("Identity", [passed[t]])
+            t.name = name
+            graph.extend(em.take())
+        outputs.append(t)
+    graph.outputs.extend(outputs)
     graph.inputs.clear()
     graph.inputs.extend([*res_inputs, *tangent_in])
     for i in reversed(range(len(nodes))):
