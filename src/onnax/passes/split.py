@@ -22,11 +22,12 @@ from collections.abc import Sequence
 import onnx
 import onnx_ir as ir
 
+from onnax.core.batching import detach
 from onnax.core.emit import Emitter
 from onnax.core.gcpause import gc_paused
 from onnax.core.naming import NameClaims, derivative_outputs, diff_prefix, io_names
 from onnax.core.selection import select_inputs, select_outputs
-from onnax.core.subgraphs import subgraph_reads
+from onnax.core.subgraphs import graph_attributes, subgraph_reads
 from onnax.passes.accumulate import Accumulate, accumulate_in_float, check_accumulate
 from onnax.passes.cleanup import cleanup
 from onnax.passes.linearize import linearize
@@ -133,7 +134,10 @@ def split(joint: ir.Model, n_in: int, n_out: int) -> Split:
     tangent_in = list(graph.inputs)[n_in:]
     tangent_out = list(graph.outputs)[n_out:]
     inputs = set(graph.inputs)
-    constant: set[ir.Value] = {v for v in graph.initializers.values() if v not in inputs}
+    # IR < 4 lists every initializer as a graph input too: there the listing says nothing, and
+    # weights are constants like any other (the linear model lists its copies as inputs again).
+    overridable = inputs if joint.ir_version >= 4 else set()
+    constant: set[ir.Value] = {v for v in graph.initializers.values() if v not in overridable}
     linear: set[ir.Value] = set(tangent_in)
     linear_nodes: list[ir.Node] = []
     for node in graph:
@@ -187,8 +191,7 @@ def _forward(
     res = [by_name[str(v.name)] for v in residuals]
     del graph.outputs[n_out:]
     primal_outputs = set(graph.outputs)
-    for node in reversed([nodes[i] for i in drop]):
-        graph.remove(node, safe=False)
+    _remove_nodes(graph, [nodes[i] for i in drop])
     del graph.inputs[n_in:]
     em = Emitter(model.opset_imports[""])
     for v, name in zip(res, names, strict=True):
@@ -241,10 +244,26 @@ def _linear(
     graph.outputs.extend(outputs)
     graph.inputs.clear()
     graph.inputs.extend([*res_inputs, *tangent_in])
-    for i in reversed(range(len(nodes))):
-        if i not in keep:
-            graph.remove(nodes[i], safe=False)
-    return cleanup(_drop_unused_initializers(model))
+    _remove_nodes(graph, [n for i, n in enumerate(nodes) if i not in keep])
+    _drop_unused_initializers(model)
+    if model.ir_version < 4:
+        # IR < 4 requires every initializer to be a graph input as well.
+        graph.inputs.extend(graph.initializers.values())
+    return cleanup(model)
+
+
+def _remove_nodes(graph: ir.Graph, nodes: list[ir.Node]) -> None:
+    """Removes ``nodes`` with the uses they (and their bodies) register on the values they read.
+
+    Stale uses would keep initializers and dead producers alive in the cleanup that follows.
+    """
+    for node in reversed(nodes):
+        for body in graph_attributes(node):
+            detach(body)
+        for i, v in enumerate(node.inputs):
+            if v is not None:
+                node.replace_input_with(i, None)
+        graph.remove(node, safe=False)
 
 
 def _values_by_name(graph: ir.Graph) -> dict[str, ir.Value]:
