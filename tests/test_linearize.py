@@ -23,6 +23,7 @@ import onnx_ir as ir
 import pytest
 
 import onnax
+import zoo
 from cases import Case
 from onnax.core.subgraphs import subgraph_reads
 from onnax.errors import SelectionError
@@ -343,3 +344,29 @@ def test_ir3_weights_stay_weights() -> None:
     assert [v.name for v in fwd.graph.outputs] == ["y", "res_0"]
     assert [v.name for v in lin.graph.inputs] == ["res_0", "fwd_x", "W"]
     assert list(lin.graph.initializers) == ["W"]
+
+
+def test_real_cnn_against_jvp() -> None:
+    """SqueezeNet (light zoo, IR 3, opset 8 converted): by image and a weight, against jvp (which
+    test_zoo checks against float64 differences), and linear in the direction."""
+    model = zoo.load("squeezenet")
+    image_value = zoo.image_input(model)
+    image = str(image_value.name)
+    weight = zoo.weight_names(model)[0]
+    x = np.random.default_rng(0).standard_normal([int(d) for d in image_value.shape.dims])
+    feeds = {image: x.astype(np.float32)}
+    fwd, lin = linearized(model, [image, weight])
+    assert_linear_structure(lin)
+    jvp = onnax.jvp(model, [image, weight])
+    init = {weight: model.graph.initializers[weight].const_value.numpy()}
+    v, w = tangents_for(lin, {**feeds, **init}, 1), tangents_for(lin, {**feeds, **init}, 2)
+    _, got_v = apply_linear(fwd, lin, feeds, v)
+    _, got_w = apply_linear(fwd, lin, feeds, w)
+    _, got_sum = apply_linear(fwd, lin, feeds, {k: v[k] + 2 * w[k] for k in v})
+    want = run(jvp, {**feeds, **v})
+    for y, value in got_v.items():
+        scale = np.abs(want[y]).max()
+        np.testing.assert_allclose(value, want[y], rtol=1e-4, atol=1e-5 * scale, err_msg=y)
+        np.testing.assert_allclose(
+            got_sum[y], value + 2 * got_w[y], rtol=1e-4, atol=1e-5 * scale, err_msg=y
+        )
