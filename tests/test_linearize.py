@@ -370,3 +370,21 @@ def test_real_cnn_against_jvp() -> None:
         np.testing.assert_allclose(
             got_sum[y], value + 2 * got_w[y], rtol=1e-4, atol=1e-5 * scale, err_msg=y
         )
+
+
+@pytest.mark.parametrize("name", ["scan_matmul_weight", "scan_states_axes_directions", "lstm"])
+def test_scan_bodies_do_not_recompute_the_primal(name: str) -> None:
+    """The linear Scan reads the per-iteration primal values (``1 - tanh²``, the LSTM gates) that
+    a residual Scan of the forward model stacked: no activation is left in the linear model."""
+    if name == "lstm":
+        model, feeds = torch_model("lstm_2layer_bidir")
+    else:
+        case = next(c for c in CASES if c.name == name)
+        model = case.model("double", 21)
+        feeds = case.feeds(model)
+    fwd, lin = check_against_oracles(model, feeds)
+    assert "Scan" in {n.op_type for n in lin.graph}
+    assert not {n.op_type for n in lin.graph.all_nodes()} & {"Tanh", "Sigmoid", "Sin", "Cos"}
+    assert sum(n.op_type == "Scan" for n in fwd.graph) == 2 * sum(
+        n.op_type == "Scan" for n in lin.graph
+    )

@@ -30,6 +30,7 @@ from onnax.core.selection import select_inputs, select_outputs
 from onnax.core.subgraphs import graph_attributes, subgraph_reads
 from onnax.passes.accumulate import Accumulate, accumulate_in_float, check_accumulate
 from onnax.passes.cleanup import cleanup
+from onnax.passes.hoist import hoist_scan_residuals
 from onnax.passes.linearize import linearize
 from onnax.passes.outputs import append_outputs
 from onnax.passes.prepare import prepare
@@ -78,7 +79,10 @@ def joint_model(
     pairs = [(y, lin.tangent.get(y)) for y in ys]
     append_outputs(em, graph, claims, prefix, pairs, TRANSFORM)
     accumulate_in_float(model, primal, accumulate)
-    return cleanup(model), n_in, n_out
+    model = cleanup(model)
+    if hoist_scan_residuals(model, n_in):
+        model = cleanup(model)
+    return model, n_in, n_out
 
 
 @dataclasses.dataclass
