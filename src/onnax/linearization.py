@@ -35,9 +35,12 @@ def linearize(
         jv = lin_session.run(None, feeds)[0]            # fwd_y = J(x) v
 
     Constants and the weights the tangent map multiplies by move into the linear model instead
-    of becoming residuals. The body of a linear ``If``, ``Loop`` or ``Scan`` recomputes, per
-    iteration, the primal values its tangents need from the recorded iteration state (as
-    reverse mode does); the primal loop itself runs only in the forward model. The prefixes
+    of becoming residuals. A linear ``Scan`` reads the primal values of each iteration (an LSTM
+    cell's gates, say) stacked by a residual Scan of the forward model. The branches of a linear
+    ``If`` and the body of a linear ``Loop`` (or of a Scan that carries a primal state) still
+    recompute the primal values their tangents need from the captured values and the recorded
+    iteration states, as reverse mode does; the primal loop itself runs only in the forward
+    model. The prefixes
     follow the model's names: ``fwd2_`` on a model that already has ``fwd_`` names,
     ``res2_`` on one with ``res_`` names.
 
