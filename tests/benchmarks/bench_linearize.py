@@ -9,7 +9,9 @@ so that the calling thread's CPU time is the cost even on a loaded machine):
 
 * **MLP**: width 512, depth 8, Tanh, batch 64 (``bench_core.mlp``);
 * **CNN**: batch 8, 3x32x32 images, three 3x3 Conv+Tanh layers (16, 32, 32 channels, the last two
-  with stride 2), global average pooling and a dense layer to 10 logits.
+  with stride 2), global average pooling and a dense layer to 10 logits;
+* **LSTM** (extra): ``tests/data/torch_lstm_2layer_bidir.onnx``, whose linear Scans read the
+  gates stacked by the forward model's residual Scans.
 
 One trial of the linearize path runs the forward model once and the linear model ``--products``
 times on its residuals, with a new tangent each time; one trial of the jvp path runs the jvp
@@ -103,7 +105,8 @@ def bench(name: str, model: ir.Model, products: int, trials: int, threads: int) 
     rng = np.random.default_rng(0)
     x = model.graph.inputs[0]
     shape = [int(d) for d in x.shape.dims]
-    feeds = {"X": rng.standard_normal(shape).astype(np.float32)}
+    feeds = {str(x.name): rng.standard_normal(shape).astype(np.float32)}
+    t_name = f"fwd_{x.name}"
     tangents = [rng.standard_normal(shape).astype(np.float32) for _ in range(products)]
     residual_names = [str(v.name) for v in lin.graph.inputs][:-1]
 
@@ -111,17 +114,17 @@ def bench(name: str, model: ir.Model, products: int, trials: int, threads: int) 
         out = s_fwd.run(None, feeds)
         residuals = dict(zip(residual_names, out[len(model.graph.outputs) :], strict=True))
         for v in tangents:
-            s_lin.run(None, {**residuals, "fwd_X": v})
+            s_lin.run(None, {**residuals, t_name: v})
 
     def with_jvp() -> None:
         for v in tangents:
-            s_jvp.run(None, {**feeds, "fwd_X": v})
+            s_jvp.run(None, {**feeds, t_name: v})
 
     # The two paths agree before they are timed.
     out = s_fwd.run(None, feeds)
     residuals = dict(zip(residual_names, out[len(model.graph.outputs) :], strict=True))
-    got = s_lin.run(None, {**residuals, "fwd_X": tangents[0]})[0]
-    want = s_jvp.run(None, {**feeds, "fwd_X": tangents[0]})[1]
+    got = s_lin.run(None, {**residuals, t_name: tangents[0]})[0]
+    want = s_jvp.run(None, {**feeds, t_name: tangents[0]})[1]
     np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-6)
     with_linearize()
     with_jvp()
@@ -155,6 +158,10 @@ def main(argv: list[str] | None = None) -> int:
     )
     bench("MLP 512x8, batch 64", mlp(512, 8, 64), args.products, args.trials, args.threads)
     bench("CNN 3 conv, batch 8x3x32x32", cnn(), args.products, args.trials, args.threads)
+    lstm = ir.load(Path(__file__).parents[1] / "data" / "torch_lstm_2layer_bidir.onnx")
+    bench(
+        "LSTM 2 layers bidirectional (tests/data)", lstm, args.products, args.trials, args.threads
+    )
     return 0
 
 
