@@ -372,12 +372,14 @@ def test_real_cnn_against_jvp() -> None:
         )
 
 
-@pytest.mark.parametrize("name", ["scan_matmul_weight", "scan_states_axes_directions", "lstm"])
+@pytest.mark.parametrize(
+    "name", ["scan_matmul_weight", "scan_states_axes_directions", "lstm", "gru"]
+)
 def test_scan_bodies_do_not_recompute_the_primal(name: str) -> None:
     """The linear Scan reads the per-iteration primal values (``1 - tanh²``, the LSTM gates) that
     a residual Scan of the forward model stacked: no activation is left in the linear model."""
-    if name == "lstm":
-        model, feeds = torch_model("lstm_2layer_bidir")
+    if name in ("lstm", "gru"):
+        model, feeds = torch_model(f"{name}_2layer_bidir")
     else:
         case = next(c for c in CASES if c.name == name)
         model = case.model("double", 21)
@@ -388,3 +390,28 @@ def test_scan_bodies_do_not_recompute_the_primal(name: str) -> None:
     assert sum(n.op_type == "Scan" for n in fwd.graph) == 2 * sum(
         n.op_type == "Scan" for n in lin.graph
     )
+
+
+def test_the_linear_model_composes_with_vmap_and_vjp() -> None:
+    """The linear model is a model like any other: vmap over the tangent gives J·V (against a
+    loop of single runs), and its vjp is Jᵀ (the adjoint identity <u, J v> = <Jᵀ u, v>)."""
+    model, feeds = torch_model("mlp")
+    fwd, lin = linearize(model)
+    forward = run(fwd, feeds)
+    residuals = {v.name: forward[v.name] for v in lin.graph.inputs if v.name in forward}
+    axes = {str(v.name): (0 if v.name == "fwd_x" else None) for v in lin.graph.inputs}
+    batched = onnax.vmap(lin, in_axes=axes)
+    directions = [tangents_for(lin, feeds, seed)["fwd_x"] for seed in range(3)]
+    got = run(batched, {**residuals, "fwd_x": np.stack(directions)})
+    (y,) = got
+    for k, v in enumerate(directions):
+        single = run(lin, {**residuals, "fwd_x": v})[y]
+        np.testing.assert_allclose(got[y][k], single, rtol=1e-5, atol=1e-6)
+    transpose = onnax.vjp(lin, inputs=["fwd_x"], outputs=[y])
+    rng = np.random.default_rng(9)
+    u = rng.standard_normal(got[y][0].shape).astype(np.float32)
+    v = directions[0]
+    jv = run(lin, {**residuals, "fwd_x": v})[y]
+    jtu = run(transpose, {**residuals, "fwd_x": v, f"adj_{y}": u})["adj_fwd_x"]
+    lhs, rhs = float(np.vdot(u, jv)), float(np.vdot(jtu, v))
+    assert abs(lhs - rhs) <= 1e-4 * max(1.0, abs(lhs)), (lhs, rhs)
