@@ -373,11 +373,13 @@ def test_real_cnn_against_jvp() -> None:
 
 
 @pytest.mark.parametrize(
-    "name", ["scan_matmul_weight", "scan_states_axes_directions", "lstm", "gru"]
+    "name",
+    ["scan_matmul_weight", "scan_states_axes_directions", "lstm", "gru", "if_then", "if_else"],
 )
-def test_scan_bodies_do_not_recompute_the_primal(name: str) -> None:
-    """The linear Scan reads the per-iteration primal values (``1 - tanh²``, the LSTM gates) that
-    a residual Scan of the forward model stacked: no activation is left in the linear model."""
+def test_bodies_do_not_recompute_the_primal(name: str) -> None:
+    """A linear Scan reads the per-iteration primal values (``1 - tanh²``, the LSTM gates) that a
+    residual Scan of the forward model stacked; a linear If reads its branch's ``cos(x)`` or
+    ``1 - tanh²`` from a residual If: no activation is left in the linear model."""
     if name in ("lstm", "gru"):
         model, feeds = torch_model(f"{name}_2layer_bidir")
     else:
@@ -385,11 +387,11 @@ def test_scan_bodies_do_not_recompute_the_primal(name: str) -> None:
         model = case.model("double", 21)
         feeds = case.feeds(model)
     fwd, lin = check_against_oracles(model, feeds)
-    assert "Scan" in {n.op_type for n in lin.graph}
+    op = "If" if name.startswith("if") else "Scan"
+    assert op in {n.op_type for n in lin.graph}
     assert not {n.op_type for n in lin.graph.all_nodes()} & {"Tanh", "Sigmoid", "Sin", "Cos"}
-    assert sum(n.op_type == "Scan" for n in fwd.graph) == 2 * sum(
-        n.op_type == "Scan" for n in lin.graph
-    )
+    # One residual node in the forward model beside each primal one.
+    assert sum(n.op_type == op for n in fwd.graph) == 2 * sum(n.op_type == op for n in lin.graph)
 
 
 def test_the_linear_model_composes_with_vmap_and_vjp() -> None:

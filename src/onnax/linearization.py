@@ -36,11 +36,11 @@ def linearize(
 
     Constants and the weights the tangent map multiplies by move into the linear model instead
     of becoming residuals. A linear ``Scan`` reads the primal values of each iteration (an LSTM
-    cell's gates, say) stacked by a residual Scan of the forward model. The branches of a linear
-    ``If`` and the body of a linear ``Loop`` (or of a Scan that carries a primal state) still
-    recompute the primal values their tangents need from the captured values and the recorded
-    iteration states, as reverse mode does; the primal loop itself runs only in the forward
-    model. The prefixes
+    cell's gates, say) stacked by a residual Scan of the forward model, and a linear ``If`` reads
+    its branch's primal values from a residual If. The body of a linear ``Loop`` (or of a Scan
+    that carries a primal state, or of a node nested in a linear body) still recomputes the
+    primal values its tangents need from the recorded iteration states, as reverse mode does;
+    the primal loop itself runs only in the forward model. The prefixes
     follow the model's names: ``fwd2_`` on a model that already has ``fwd_`` names,
     ``res2_`` on one with ``res_`` names.
 

@@ -19,32 +19,39 @@ import onnx_ir as ir
 from onnax.core.batching import detach
 from onnax.core.subgraphs import graph_attributes, new_value_like, subgraph_reads
 
-__all__ = ["hoist_scan_residuals"]
+__all__ = ["as_outputs", "drop_node", "hoist_scan_residuals", "reads", "remove_dead"]
 
 
-def _reads(node: ir.Node) -> list[ir.Value]:
+def reads(node: ir.Node) -> list[ir.Value]:
+    """The values ``node`` reads, through its subgraphs too."""
     return [v for v in (*node.inputs, *subgraph_reads(node)) if v is not None]
 
 
 def hoist_scan_residuals(model: ir.Model, n_in: int) -> bool:
-    """Rewrites every linear top-level Scan of ``model`` (in place) as described above.
+    """Rewrites every linear top-level Scan and If of ``model`` (in place) as described above.
+
+    (If: see :mod:`onnax.passes.hoist_if`.)
 
     Args:
         model: A joint model (``split.joint_model``): tangent inputs follow ``n_in`` primal ones.
         n_in: The number of primal graph inputs.
 
     Returns:
-        Whether a Scan was rewritten.
+        Whether a node was rewritten.
     """
+    from onnax.passes.hoist_if import hoist_if  # it imports this module's helpers
+
     graph = model.graph
     linear: set[ir.Value] = set(list(graph.inputs)[n_in:])
     changed = False
     for node in list(graph):
-        if not any(v in linear for v in _reads(node)):
+        if not any(v in linear for v in reads(node)):
             continue
         linear.update(node.outputs)
         if node.op_type == "Scan" and node.domain == "":
             changed |= _hoist(graph, node, linear)
+        elif node.op_type == "If" and node.domain == "":
+            changed |= hoist_if(graph, node, linear)
     return changed
 
 
@@ -68,7 +75,7 @@ def _hoist(graph: ir.Graph, node: ir.Node, linear: set[ir.Value]) -> bool:
         return False  # a primal state: its update would have to run in both Scans
     residuals: dict[ir.Value, None] = {}
     for inner in tangent_nodes:
-        for v in _reads(inner):
+        for v in reads(inner):
             if v.producer() in moved:
                 residuals.setdefault(v, None)
     if not residuals or any(v.producer() in moved for v in body.outputs):
@@ -94,11 +101,11 @@ def _partition(
     tangent_nodes: set[ir.Node] = set()
     moved: set[ir.Node] = set()
     for inner in body:
-        reads = _reads(inner)
-        if any(v in tangent for v in reads):
+        inner_reads = reads(inner)
+        if any(v in tangent for v in inner_reads):
             tangent.update(inner.outputs)
             tangent_nodes.add(inner)
-        elif any(v in varying for v in reads):
+        elif any(v in varying for v in inner_reads):
             # Primal and different in every iteration: computed once, stacked.
             varying.update(inner.outputs)
             moved.add(inner)
@@ -126,11 +133,11 @@ def _add_residual_scan(
     wanted = [copies[position[v.producer()]].outputs[v.index()] for v in residuals]  # type: ignore[index]
     for original, c in reversed(list(zip(originals, copies, strict=True))):
         if original in tangent_nodes:
-            _drop(copy, c)
+            drop_node(copy, c)
     copy_inputs = list(copy.inputs)
     copy.outputs.clear()
-    copy.outputs.extend(_as_outputs(copy, wanted))
-    _remove_dead(copy)
+    copy.outputs.extend(as_outputs(copy, wanted))
+    remove_dead(copy)
     copy.inputs.clear()
     copy.inputs.extend(copy_inputs[n_state + k] for k in primal_scan)
     attributes = [
@@ -155,7 +162,7 @@ def _add_residual_scan(
         r = new_value_like(v)
         v.replace_all_uses_with(r)
         new_inputs.append(r)
-    _remove_dead(body)
+    remove_dead(body)
     body.inputs.extend(new_inputs)
     start = len(node.inputs)
     node.resize_inputs(start + len(stacked))
@@ -196,7 +203,7 @@ def _ints(node: ir.Node, name: str, n: int) -> list[int]:
     return list(attr.as_ints()) if attr is not None else [0] * n
 
 
-def _as_outputs(graph: ir.Graph, values: list[ir.Value]) -> list[ir.Value]:
+def as_outputs(graph: ir.Graph, values: list[ir.Value]) -> list[ir.Value]:
     """Each value as a distinct output produced inside ``graph`` (an Identity where needed)."""
     outputs: list[ir.Value] = []
     for v in values:
@@ -208,7 +215,8 @@ def _as_outputs(graph: ir.Graph, values: list[ir.Value]) -> list[ir.Value]:
     return outputs
 
 
-def _drop(graph: ir.Graph, node: ir.Node) -> None:
+def drop_node(graph: ir.Graph, node: ir.Node) -> None:
+    """Removes ``node`` with the uses it and its bodies register on what they read."""
     for sub in graph_attributes(node):
         detach(sub)
     for i, v in enumerate(node.inputs):
@@ -217,8 +225,9 @@ def _drop(graph: ir.Graph, node: ir.Node) -> None:
     graph.remove(node, safe=False)
 
 
-def _remove_dead(graph: ir.Graph) -> None:
+def remove_dead(graph: ir.Graph) -> None:
+    """Removes the nodes of ``graph`` that no output and no other node needs, last first."""
     outputs = set(graph.outputs)
     for inner in reversed(list(graph)):
         if not any(o in outputs or o.uses() for o in inner.outputs):
-            _drop(graph, inner)
+            drop_node(graph, inner)

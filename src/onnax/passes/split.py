@@ -4,7 +4,9 @@
 nodes stay whole and the tangent nodes sit beside them, reading primal values. A Loop or Scan
 keeps its primal node, which then also records the state each iteration starts from, and a
 separate linear node reads those records; forward mode would instead fuse primal and tangent
-into one node, which could not be split.
+into one node, which could not be split. :mod:`onnax.passes.hoist` then moves the primal work
+of linear Scan bodies and If branches into residual nodes of their own, so that the linear model
+does not redo it.
 
 :func:`split` then partitions that model. A node is *linear* when it reads, directly or through
 the subgraphs it holds, a value computed from a tangent input; every other node belongs to the
