@@ -19,7 +19,7 @@ import onnx_ir as ir
 from onnax.core.batching import detach
 from onnax.core.subgraphs import graph_attributes, new_value_like, subgraph_reads
 
-__all__ = ["as_outputs", "drop_node", "hoist_scan_residuals", "reads", "remove_dead"]
+__all__ = ["as_outputs", "drop_node", "hoist_scan", "reads", "remove_dead"]
 
 
 def reads(node: ir.Node) -> list[ir.Value]:
@@ -27,35 +27,17 @@ def reads(node: ir.Node) -> list[ir.Value]:
     return [v for v in (*node.inputs, *subgraph_reads(node)) if v is not None]
 
 
-def hoist_scan_residuals(model: ir.Model, n_in: int) -> bool:
-    """Rewrites every linear top-level Scan and If of ``model`` (in place) as described above.
-
-    (If: see :mod:`onnax.passes.hoist_if`.)
+def hoist_scan(graph: ir.Graph, node: ir.Node, linear: set[ir.Value]) -> bool:
+    """Rewrites the linear Scan ``node`` of ``graph`` (in place) as the module docstring says.
 
     Args:
-        model: A joint model (``split.joint_model``): tangent inputs follow ``n_in`` primal ones.
-        n_in: The number of primal graph inputs.
+        graph: The main graph of a joint model (``split.joint_model``).
+        node: A Scan of ``graph`` that reads a tangent.
+        linear: The values of ``graph`` computed from its tangent inputs so far.
 
     Returns:
-        Whether a node was rewritten.
+        Whether it was rewritten.
     """
-    from onnax.passes.hoist_if import hoist_if  # it imports this module's helpers
-
-    graph = model.graph
-    linear: set[ir.Value] = set(list(graph.inputs)[n_in:])
-    changed = False
-    for node in list(graph):
-        if not any(v in linear for v in reads(node)):
-            continue
-        linear.update(node.outputs)
-        if node.op_type == "Scan" and node.domain == "":
-            changed |= _hoist(graph, node, linear)
-        elif node.op_type == "If" and node.domain == "":
-            changed |= hoist_if(graph, node, linear)
-    return changed
-
-
-def _hoist(graph: ir.Graph, node: ir.Node, linear: set[ir.Value]) -> bool:
     body = node.attributes["body"].as_graph()
     n_scan = node.attributes["num_scan_inputs"].as_int()
     n_state = len(node.inputs) - n_scan

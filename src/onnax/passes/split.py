@@ -32,12 +32,13 @@ from onnax.core.selection import select_inputs, select_outputs
 from onnax.core.subgraphs import graph_attributes, subgraph_reads
 from onnax.passes.accumulate import Accumulate, accumulate_in_float, check_accumulate
 from onnax.passes.cleanup import cleanup
-from onnax.passes.hoist import hoist_scan_residuals
+from onnax.passes.hoist import hoist_scan, reads
+from onnax.passes.hoist_if import hoist_if
 from onnax.passes.linearize import linearize
 from onnax.passes.outputs import append_outputs
 from onnax.passes.prepare import prepare
 
-__all__ = ["Split", "joint_model", "residual_prefix", "split"]
+__all__ = ["Split", "hoist_residuals", "joint_model", "residual_prefix", "split"]
 
 TRANSFORM = "linearize"
 
@@ -82,9 +83,35 @@ def joint_model(
     append_outputs(em, graph, claims, prefix, pairs, TRANSFORM)
     accumulate_in_float(model, primal, accumulate)
     model = cleanup(model)
-    if hoist_scan_residuals(model, n_in):
+    if hoist_residuals(model, n_in):
         model = cleanup(model)
     return model, n_in, n_out
+
+
+def hoist_residuals(model: ir.Model, n_in: int) -> bool:
+    """Gives every linear top-level Scan and If of a joint model a residual node (in place).
+
+    See :mod:`onnax.passes.hoist` and :mod:`onnax.passes.hoist_if`.
+
+    Args:
+        model: A joint model: tangent inputs follow ``n_in`` primal ones.
+        n_in: The number of primal graph inputs.
+
+    Returns:
+        Whether a node was rewritten.
+    """
+    graph = model.graph
+    linear: set[ir.Value] = set(list(graph.inputs)[n_in:])
+    changed = False
+    for node in list(graph):
+        if not any(v in linear for v in reads(node)):
+            continue
+        linear.update(node.outputs)
+        if node.domain == "" and node.op_type == "Scan":
+            changed |= hoist_scan(graph, node, linear)
+        elif node.domain == "" and node.op_type == "If":
+            changed |= hoist_if(graph, node, linear)
+    return changed
 
 
 @dataclasses.dataclass
