@@ -41,6 +41,7 @@ FAMILIES = (
     "control_flow",
     "control_flow_batch",
     "sequence",
+    "microsoft",
 )
 
 _collected = False
