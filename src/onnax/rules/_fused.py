@@ -25,7 +25,8 @@ def typed(value: ir.Value, like: ir.Value) -> ir.Value:
     Emitted values carry no type until shape inference runs on the expansion; the lowerings
     here only emit type-preserving operators, so the operand's type is the result's.
     """
-    value.dtype = like.dtype
+    if like.dtype is not None:
+        value.dtype = like.dtype
     return value
 
 

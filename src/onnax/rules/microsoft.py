@@ -185,7 +185,7 @@ def conv_attributes(node: ir.Node) -> dict[str, object]:
 def _fused_conv(em: Emitter, node: ir.Node) -> list[ir.Value | None]:
     # activation(Conv(X, W, B) + Z), Z the optional input 3 (a fused residual Add)
     x = _present(node, 0)
-    conv = typed(em.op("Conv", list(node.inputs[:3]), conv_attributes(node)), x)  # type: ignore[arg-type]
+    conv = typed(em.op("Conv", list(node.inputs[:3]), conv_attributes(node)), x)
     y = _plus(em, conv, _input(node, 3))
     params = node.attributes.get_floats("activation_params", [])
     return [activation(em, node, y, node.attributes.get_string("activation", ""), params)]
