@@ -122,7 +122,7 @@ def _last_two_swapped(em: Emitter, node: ir.Node, v: ir.Value) -> ir.Value:
 @fused_matmul.lowering
 def _fused_matmul(em: Emitter, node: ir.Node) -> list[ir.Value | None]:
     a, b = _present(node, 0), _present(node, 1)
-    attrs = node.attributes
+    like, attrs = a, node.attributes
     for batch in ("transBatchA", "transBatchB"):
         if attrs.get_int(batch, 0):
             raise refuse(
@@ -137,7 +137,7 @@ def _fused_matmul(em: Emitter, node: ir.Node) -> list[ir.Value | None]:
     y = em.op("MatMul", [a, b])
     alpha = attrs.get_float("alpha", 1.0)
     if alpha != 1.0:
-        y = em.op("Mul", [y, em.scalar(alpha, like=a)])
+        y = em.op("Mul", [y, em.scalar(alpha, like=like)])
     return [y]
 
 
