@@ -42,6 +42,7 @@ FAMILIES = (
     "control_flow_batch",
     "sequence",
     "microsoft",
+    "nchwc",
 )
 
 _collected = False
