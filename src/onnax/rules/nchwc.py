@@ -94,15 +94,37 @@ def _x(node: ir.Node) -> ir.Value:
     return x
 
 
-def unblock(em: Emitter, x: ir.Value, channels: int, block: int) -> ir.Value:
-    """An NCHWc tensor ``[N, Cp, H, W]`` (memory ``[N, Cp/B, H, W, B]``) as plain NCHW."""
-    grouped = em.op("Reshape", [x, em.ints([0, channels // block, -1, block])])
-    return typed(em.op("Reshape", [em.transpose(grouped, [0, 1, 3, 2]), em.shape(x)]), x)
+def _channels(x: ir.Value) -> int | None:
+    dim = x.shape[1] if x.shape is not None and x.shape.rank() == 4 else None
+    return dim if isinstance(dim, int) else None
 
 
-def reblock(em: Emitter, x: ir.Value, channels: int, block: int) -> ir.Value:
-    """A plain NCHW tensor of ``channels`` (a multiple of ``block``) in the NCHWc layout."""
-    grouped = em.op("Reshape", [x, em.ints([0, channels // block, block, -1])])
+def _grouped_shape(em: Emitter, x: ir.Value, block: int, last: bool) -> ir.Value:
+    """``[N, Cp/B, -1, B]`` (``last``) or ``[N, Cp/B, B, -1]``, from ``Cp`` when it is known."""
+    tail = [-1, block] if last else [block, -1]
+    channels = _channels(x)
+    if channels is not None:
+        return em.ints([0, channels // block, *tail])
+    # the channel count is only known at run time (shape inference does not see through
+    # onnxruntime's NCHWc operators): Cp/B from Shape
+    shape = em.op("Shape", [x])
+    groups = em.op("Div", [em.slice(shape, [1], [2], [0]), em.ints([block])])
+    return em.op("Concat", [em.ints([0]), groups, em.ints(tail)], {"axis": 0})
+
+
+def unblock(em: Emitter, x: ir.Value, block: int, like: ir.Value | None = None) -> ir.Value:
+    """An NCHWc tensor ``[N, Cp, H, W]`` (memory ``[N, Cp/B, H, W, B]``) as plain NCHW.
+
+    ``like``: a value of the same shape whose rank inference knows, where ``x``'s may be unknown.
+    """
+    grouped = em.op("Reshape", [x, _grouped_shape(em, x, block, last=True)])
+    shape = em.shape(like if like is not None else x)
+    return typed(em.op("Reshape", [em.transpose(grouped, [0, 1, 3, 2]), shape]), x)
+
+
+def reblock(em: Emitter, x: ir.Value, block: int) -> ir.Value:
+    """A plain NCHW tensor (channels a multiple of ``block``) in the NCHWc layout."""
+    grouped = em.op("Reshape", [x, _grouped_shape(em, x, block, last=False)])
     return typed(em.op("Reshape", [em.transpose(grouped, [0, 1, 3, 2]), em.shape(x)]), x)
 
 
@@ -142,14 +164,16 @@ reorder_output = OpRules("ReorderOutput", since=1, domain=NCHWC)
 def _reorder_output(em: Emitter, node: ir.Node) -> list[ir.Value | None]:
     x, b = _x(node), _block(node)
     channels = node.attributes.get_int("channels", 0)
-    padded = _static(node, x, 1)
+    padded = _channels(x)
+    if padded is None:
+        padded = -(-channels // b) * b  # onnxruntime pads to the next multiple of B
     if not 0 < channels <= padded:
         raise refuse(
             node,
             f"channels={channels} is not in 1..{padded} (the padded channel count)",
             "give ReorderOutput the channel count it was saved with",
         )
-    nchw = unblock(em, x, padded, b)
+    nchw = unblock(em, x, b)
     if channels != padded:
         nchw = typed(em.slice(nchw, [0], [channels], [1]), x)
     if node.attributes.get_int("channels_last", 0):
@@ -194,18 +218,19 @@ def _conv(em: Emitter, node: ir.Node) -> list[ir.Value | None]:
     in_per_group = _static(node, w, 1)
     plain_input = group == 1 and in_per_group < b
     depthwise = group > 1 and in_per_group == 1
-    data = x if plain_input else unblock(em, x, _static(node, x, 1), b)
+    data = x if plain_input else unblock(em, x, b)
     weights = _filter(em, node, w, b, per_output=plain_input or depthwise)
     attrs = {k: a.value for k, a in node.attributes.items() if k in CONV_ATTRIBUTES}
     inputs = [data, weights] + ([node.inputs[2]] if _input(node, 2) is not None else [])
     y = typed(em.op("Conv", inputs, attrs), x)
-    out_channels = _static(node, w, 0)
     total = _input(node, 3)
     if total is not None:
-        y = typed(em.op("Add", [y, unblock(em, total, out_channels, b)]), x)
+        # the residual has the convolution's shape, which inference knows when it cannot see
+        # through an NCHWc operator the transform does not reach
+        y = typed(em.op("Add", [y, unblock(em, total, b, like=y)]), x)
     params = node.attributes.get_floats("activation_params", [])
     y = activation(em, node, y, node.attributes.get_string("activation", ""), params)
-    return [reblock(em, y, out_channels, b)]
+    return [reblock(em, y, b)]
 
 
 # ---------------------------------------------------------------------------------- pools
@@ -227,12 +252,11 @@ POOL_ATTRIBUTES = (
 @pools.lowering
 def _pool(em: Emitter, node: ir.Node) -> list[ir.Value | None]:
     x, b = _x(node), _block(node)
-    channels = _static(node, x, 1)
     attrs = {k: a.value for k, a in node.attributes.items() if k in POOL_ATTRIBUTES}
     if node.op_type == "MaxPool" and attrs.get("storage_order"):
         attrs.pop("storage_order")  # only the unused Indices output depends on it
-    y = typed(em.op(node.op_type, [unblock(em, x, channels, b)], attrs), x)
-    return [reblock(em, y, channels, b)]
+    y = typed(em.op(node.op_type, [unblock(em, x, b)], attrs), x)
+    return [reblock(em, y, b)]
 
 
 upsample = OpRules("Upsample", since=1, domain=NCHWC)
@@ -242,7 +266,6 @@ upsample = OpRules("Upsample", since=1, domain=NCHWC)
 def _upsample(em: Emitter, node: ir.Node) -> list[ir.Value | None]:
     # integer scales of H and W; nearest (floor of the asymmetric source coordinate) or linear
     x, b = _x(node), _block(node)
-    channels = _static(node, x, 1)
     scales = node.attributes.get_ints("scales", [])
     mode = node.attributes.get_string("mode", "nearest")
     if len(scales) != 4 or mode not in ("nearest", "linear"):
@@ -257,5 +280,5 @@ def _upsample(em: Emitter, node: ir.Node) -> list[ir.Value | None]:
     if mode == "nearest":
         attrs["nearest_mode"] = "floor"
     factors = em.const(np.asarray(scales, np.float32))
-    y = typed(em.op("Resize", [unblock(em, x, channels, b), None, factors], attrs), x)
-    return [reblock(em, y, channels, b)]
+    y = typed(em.op("Resize", [unblock(em, x, b), None, factors], attrs), x)
+    return [reblock(em, y, b)]
