@@ -1,0 +1,195 @@
+"""Models that onnxruntime itself optimized and saved, transformed by onnax.
+
+onnxruntime's optimizer writes fused ``com.microsoft`` operators (``ORT_ENABLE_EXTENDED``) and, on
+x86 CPUs, the ``com.microsoft.nchwc`` blocked layout (``ORT_ENABLE_ALL``) into the model it saves
+(``SessionOptions.optimized_model_filepath``). Here the real-model corpus is saved that way at
+test time, one exporter per architecture, and grad, jvp and vmap of the saved model are checked
+against the float64 PyTorch references of the original (``tests/data/real``), the weights (renamed,
+fused and reordered by the optimizer, so without references) against central differences of the
+saved model's loss along a random direction. Every derivative must be plain default-domain ONNX:
+each contrib operator has a default-domain spelling.
+"""
+
+from __future__ import annotations
+
+import functools
+import tempfile
+from pathlib import Path
+
+import numpy as np
+import onnx
+import onnx_ir as ir
+import onnxruntime as ort
+import pytest
+
+import onnax
+from onnax.rules.nchwc import block_size
+from oracles import run
+from test_real_models import (
+    DATA,
+    FLOOR,
+    feeds_of,
+    first_input,
+    matched,
+    refs_of,
+    rel_err,
+    with_loss,
+)
+
+LEVELS = {
+    "extended": ort.GraphOptimizationLevel.ORT_ENABLE_EXTENDED,
+    "all": ort.GraphOptimizationLevel.ORT_ENABLE_ALL,
+}
+# One exporter per architecture, chosen for the fused operators its saved model holds; the
+# sets are checked exactly, so an onnxruntime that fuses differently shows here first.
+MS = "com.microsoft"
+BERT_LIKE = {"FusedMatMul", "SkipLayerNormalization", "Gelu"}
+GPT2_LIKE = {"FusedMatMul", "SkipLayerNormalization", "FastGelu"}
+MODELS: dict[str, dict[str, set[str]]] = {
+    "bert.torchscript.onnx": {"extended": BERT_LIKE, "all": BERT_LIKE},
+    "gpt2.dynamo.onnx": {"extended": GPT2_LIKE, "all": GPT2_LIKE},
+    "vit.torchscript.onnx": {
+        "extended": BERT_LIKE,
+        "all": BERT_LIKE | {"nchwc::Conv", "nchwc::ReorderOutput"},
+    },
+    "resnet18.torchscript.onnx": {
+        "extended": {"FusedConv"},
+        "all": {
+            "nchwc::Conv",
+            "nchwc::MaxPool",
+            "nchwc::GlobalAveragePool",
+            "nchwc::ReorderOutput",
+        },
+    },
+    "convnext_atto.dynamo.onnx": {
+        "extended": set(),
+        "all": {"nchwc::Conv", "nchwc::ReorderInput", "nchwc::ReorderOutput"},
+    },
+    "llama.dynamo.onnx": {
+        "extended": {"FusedMatMul", "QuickGelu"},
+        "all": {"FusedMatMul", "QuickGelu"},
+    },
+}
+TOL = 1e-4  # of the reference's largest entry, as in test_real_models
+
+
+@functools.cache
+def saved(file: str, level: str) -> bytes:
+    """The model as onnxruntime optimizes and saves it at ``level``."""
+    options = ort.SessionOptions()
+    options.log_severity_level = 3
+    options.graph_optimization_level = LEVELS[level]
+    with tempfile.TemporaryDirectory() as tmp:
+        out = Path(tmp) / "optimized.onnx"
+        options.optimized_model_filepath = str(out)
+        ort.InferenceSession(
+            onnx.load(str(DATA / file)).SerializeToString(),
+            options,
+            providers=["CPUExecutionProvider"],
+        )
+        return onnx.load(str(out)).SerializeToString()
+
+
+def model_of(file: str, level: str) -> ir.Model:
+    return ir.from_proto(onnx.ModelProto.FromString(saved(file, level)))
+
+
+def contrib_ops(model: ir.Model) -> set[tuple[str, str]]:
+    return {
+        (n.domain, n.op_type)
+        for n in model.graph.all_nodes()
+        if n.domain.startswith("com.microsoft")
+    }
+
+
+def check(got: np.ndarray, want: np.ndarray, what: str) -> None:
+    err = rel_err(got, want, FLOOR * float(np.max(np.abs(want))))
+    assert err <= TOL, f"{what}: max error {err:.2e} of the reference's largest entry"
+
+
+PARAMS = [
+    pytest.param(f, level, id=f"{f.removesuffix('.onnx')}-{level}")
+    for f in MODELS
+    for level in LEVELS
+]
+
+
+@pytest.mark.parametrize(("file", "level"), PARAMS)
+def test_saved_model_holds_the_fused_operators(file: str, level: str) -> None:
+    if level == "all" and not block_size():
+        pytest.skip("no NCHWc kernels on this CPU: ORT_ENABLE_ALL saves what EXTENDED does")
+    found = contrib_ops(model_of(file, level))
+    ops = {op if d == MS else f"{d.removeprefix(MS + '.')}::{op}" for d, op in found}
+    assert ops == MODELS[file][level]
+
+
+@pytest.mark.parametrize(("file", "level"), PARAMS)
+def test_grad_input_and_weights(file: str, level: str) -> None:
+    refs, x = refs_of(file), first_input(file)
+    model = with_loss(model_of(file, level), refs["loss_weights"])
+    weights = [
+        str(n)
+        for n, v in model.graph.initializers.items()
+        if v.const_value is not None
+        and v.const_value.dtype == ir.DataType.FLOAT
+        and v.const_value.shape.rank() > 0
+        and n != "loss_weights"
+    ]
+    grad = onnax.grad(model, [x, *weights], output="loss")
+    assert not contrib_ops(grad), contrib_ops(grad)
+    feeds = feeds_of(file)
+    outs = list(run(grad, feeds).values())
+    start = len(model.graph.outputs)
+    check(outs[0], refs["output"], f"{file} at {level}: primal")
+    check(outs[start], refs["grad_input"], f"{file} at {level}: grad w.r.t. {x}")
+    # Weights the optimizer kept are checked against PyTorch's gradients (with the scale floor
+    # of test_real_models: a few are zero in exact arithmetic, attention's key bias). Those it
+    # fused, folded or reordered have no reference: the gradient is checked by the adjoint
+    # identity against a jvp along a random direction of all of them (central differences of
+    # these ReLU networks in float32 cross kinks at every usable step size).
+    table = matched(file)
+    expected = {}
+    for n in weights:
+        if n in table:
+            pname, transposed = table[n]
+            ref = refs[f"param_grad/{pname}"]
+            expected[n] = np.swapaxes(ref, -1, -2) if transposed else ref
+    floor = FLOOR * max(float(np.max(np.abs(r))) for r in [refs["grad_input"], *expected.values()])
+    grads = dict(zip(weights, outs[start + 1 :], strict=True))
+    for n, want in expected.items():
+        err = rel_err(grads[n], want, floor)
+        assert err <= TOL, f"{file} at {level}: grad w.r.t. {n}: max error {err:.2e}"
+    others = [n for n in weights if n not in expected]
+    rng = np.random.default_rng(0)
+    direction = {n: rng.standard_normal(grads[n].shape).astype(np.float32) for n in others}
+    forward = onnax.jvp(model, [x, *others], ["loss"])
+    assert not contrib_ops(forward), contrib_ops(forward)
+    tangents = {f"fwd_{n}": v for n, v in direction.items()}
+    tangents[f"fwd_{x}"] = np.zeros_like(feeds[x])
+    fwd_loss = run(forward, {**feeds, **tangents})["fwd_loss"]
+    parts = [np.sum(grads[n].astype(np.float64) * v) for n, v in direction.items()]
+    scale = sum(abs(float(p)) for p in parts)
+    assert abs(float(fwd_loss) - sum(parts)) <= 1e-4 * scale, (
+        f"{file} at {level}: jvp along the weights {float(fwd_loss)}, <grad, v> {sum(parts)}"
+    )
+
+
+@pytest.mark.parametrize(("file", "level"), PARAMS)
+def test_jvp(file: str, level: str) -> None:
+    refs, x = refs_of(file), first_input(file)
+    jvp = onnax.jvp(model_of(file, level), [x])
+    assert not contrib_ops(jvp), contrib_ops(jvp)
+    outs = list(run(jvp, {**feeds_of(file), f"fwd_{x}": refs["jvp_direction"]}).values())
+    check(outs[0], refs["output"], f"{file} at {level}: primal")
+    check(outs[1], refs["jvp_output"], f"{file} at {level}: jvp")
+
+
+@pytest.mark.parametrize(("file", "level"), PARAMS)
+def test_vmap(file: str, level: str) -> None:
+    refs, x = refs_of(file), first_input(file)
+    model = model_of(file, level)
+    axes = tuple(0 if i == 0 else None for i, _ in enumerate(model.graph.inputs))
+    vm = onnax.vmap(model, in_axes=axes)
+    assert not contrib_ops(vm), contrib_ops(vm)
+    outs = list(run(vm, {**feeds_of(file), x: refs["vmap_input"]}).values())
+    check(outs[0], refs["vmap_output"], f"{file} at {level}: vmap")
