@@ -29,6 +29,7 @@ import onnxruntime as ort
 from onnax.core.emit import Emitter
 from onnax.core.registry import OpRules
 from onnax.rules._fused import activation, refuse, typed
+from onnax.rules._ort_shapes import register_shape_inference
 
 __all__ = ["NCHWC", "block_size"]
 
@@ -58,6 +59,10 @@ def block_size() -> int:
     except Exception:  # no NCHWc kernels on this CPU (or build): reported by the lowerings
         return 0
     return int(out.shape[1])
+
+
+# A fused node the transform does not reach keeps its kernel: inference must see through it.
+register_shape_inference(block_size)
 
 
 def _block(node: ir.Node) -> int:
