@@ -46,7 +46,13 @@ def _set(ctx: osi.ShapeInferenceContext, node: ir.Node, dims: list[object] | Non
     if dims is None:
         ctx.set_dtype(node.outputs[0], x.dtype)
         return
-    ctx.set_shape_and_dtype(node.outputs[0], ir.Shape(dims), x.dtype)  # type: ignore[arg-type]
+    named = [
+        d
+        if isinstance(d, int) or (d is not None and getattr(d, "value", None) is not None)
+        else ctx.new_symbolic_dim()
+        for d in dims
+    ]  # onnx_shape_inference wants every unknown dimension named
+    ctx.set_shape_and_dtype(node.outputs[0], ir.Shape(named), x.dtype)  # type: ignore[arg-type]
 
 
 def _four(node: ir.Node) -> list[object] | None:
@@ -70,7 +76,7 @@ def _reorder_input_shape(ctx: osi.ShapeInferenceContext, node: ir.Node, b: int) 
     if node.attributes.get_int("channels_last", 0):
         dims = [dims[0], dims[3], dims[1], dims[2]]
     c = dims[1]
-    dims[1] = -(-c // b) * b if isinstance(c, int) else None
+    dims[1] = -(-c // b) * b if isinstance(c, int) else ctx.new_symbolic_dim()
     _set(ctx, node, dims)
 
 
