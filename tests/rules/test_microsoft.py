@@ -142,6 +142,45 @@ CASES = [
 ]
 
 
+ATTENTION_CASES = [
+    MsCase(
+        "attention",
+        "g (float[2, 3, 8] x, float[8, 24] w, float[24] c) => (float[2, 3, 8] y)"
+        " { y = com.microsoft.Attention<num_heads = 2>(x, w, c) }",
+        dtypes=FLOAT,
+    ),
+    MsCase(
+        "attention_mask_causal",
+        "g (float[2, 4, 8] x, float[8, 24] w, float[24] c, int32[2, 4] m) => (float[2, 4, 8] y)"
+        " { y = com.microsoft.Attention<num_heads = 4, unidirectional = 1>(x, w, c, m) }",
+        dtypes=FLOAT,
+        fixed={"m": np.array([[1, 1, 1, 0], [1, 1, 0, 0]])},
+    ),
+    MsCase(
+        "attention_scale_bias",
+        "g (float[2, 3, 8] x, float[8, 24] w, float[24] c, float[1, 2, 3, 3] b)"
+        " => (float[2, 3, 8] y)"
+        " { y = com.microsoft.Attention<num_heads = 2, scale = 0.3>(x, w, c, , , b) }",
+        dtypes=FLOAT,
+    ),
+    MsCase(
+        "multi_head_attention",
+        "g (float[2, 3, 8] q, float[2, 5, 8] k, float[2, 5, 6] v, float[22] c, int32[2, 5] m)"
+        " => (float[2, 3, 6] y)"
+        " { y = com.microsoft.MultiHeadAttention<num_heads = 2>(q, k, v, c, m) }",
+        dtypes=FLOAT,
+        fixed={"m": np.array([[1, 1, 1, 1, 0], [1, 0, 1, 1, 1]])},
+    ),
+    MsCase(
+        "multi_head_attention_bias",
+        "g (float[2, 3, 8] q, float[2, 5, 8] k, float[2, 5, 8] v, float[2, 1, 3, 5] b)"
+        " => (float[2, 3, 8] y)"
+        " { y = com.microsoft.MultiHeadAttention<num_heads = 4, scale = 0.5>(q, k, v, , , b) }",
+        dtypes=FLOAT,
+    ),
+]
+
+
 @pytest.mark.parametrize(("case", "dtype", "opset"), parametrize(CASES), ids=case_id)
 def test_rule(case: MsCase, dtype: str, opset: int) -> None:
     run_case(case, dtype, opset)
@@ -186,7 +225,7 @@ def _domains(model: ir.Model) -> set[str]:
     return {n.domain for n in model.graph.all_nodes()}
 
 
-@pytest.mark.parametrize("case", CASES, ids=case_id)
+@pytest.mark.parametrize("case", [*CASES, *ATTENTION_CASES], ids=case_id)
 def test_derivative_is_default_domain(case: MsCase) -> None:
     model = case.model(case.dtypes[0], case.opsets[0])
     assert _domains(model) - {""}, "the case holds no contrib operator"
@@ -272,3 +311,25 @@ def test_bias_add_against_numpy() -> None:
     np.testing.assert_allclose(ct_x, u, rtol=1e-6)
     np.testing.assert_allclose(ct_s, u, rtol=1e-6)
     np.testing.assert_allclose(ct_b, u.sum(axis=(0, 1)), rtol=1e-5)
+
+
+@pytest.mark.parametrize(("case", "dtype", "opset"), parametrize(ATTENTION_CASES), ids=case_id)
+def test_attention(case: MsCase, dtype: str, opset: int) -> None:
+    run_case(case, dtype, opset)
+
+
+@pytest.mark.parametrize(("case", "dtype", "opset"), parametrize(ATTENTION_CASES), ids=case_id)
+def test_attention_vmap(case: MsCase, dtype: str, opset: int) -> None:
+    run_vmap_case(case, dtype, opset, shared=("m",))
+
+
+def test_attention_with_past_is_refused() -> None:
+    model = MsCase(
+        "past",
+        "g (float[2, 3, 8] x, float[8, 24] w, float[24] c, float[2, 2, 2, 1, 4] p)"
+        " => (float[2, 3, 8] y) { y = com.microsoft.Attention<num_heads = 2>(x, w, c, , p) }",
+    ).model("float", 18)
+    with pytest.raises(UnsupportedOperatorError) as err:
+        onnax.jvp(model, ["x"])
+    message = str(err.value)
+    assert "com.microsoft::Attention" in message and "input 4 (past) is given" in message

@@ -43,6 +43,7 @@ FAMILIES = (
     "sequence",
     "microsoft",
     "nchwc",
+    "ms_attention",
 )
 
 _collected = False
