@@ -232,3 +232,46 @@ def test_grad_of_a_late_weight_past_untouched_fused_nodes(file: str, level: str)
     got = run(grad, feeds_of(file))[f"grad_{late}"]
     want = full_grad(file, level)[len(model.graph.outputs) + 1 + weights.index(late)]
     np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-6 * float(np.max(np.abs(want))))
+
+
+# The onnxruntime.transformers optimizer fuses attention too (Attention with the key counts of
+# the attention mask as a 1-D mask_index, BiasGelu, SkipLayerNormalization).
+TRANSFORMERS = {
+    "bert.torchscript.onnx": {"Attention", "BiasGelu", "SkipLayerNormalization"},
+    "distilbert.torchscript.onnx": {"Attention", "BiasGelu", "SkipLayerNormalization"},
+}
+
+
+@functools.cache
+def transformers_saved(file: str) -> bytes:
+    from onnxruntime.transformers.optimizer import optimize_model
+
+    # the corpus' BERT and DistilBERT: hidden size 32, 2 heads (examples/export_real_models.py)
+    opt = optimize_model(
+        onnx.load(str(DATA / file)), model_type="bert", num_heads=2, hidden_size=32, opt_level=0
+    )
+    with tempfile.TemporaryDirectory() as tmp:
+        out = Path(tmp) / "optimized.onnx"
+        opt.save_model_to_file(str(out))
+        return onnx.load(str(out)).SerializeToString()
+
+
+@pytest.mark.parametrize("file", list(TRANSFORMERS))
+def test_transformers_optimizer_output(file: str) -> None:
+    refs, x = refs_of(file), first_input(file)
+    model = ir.from_proto(onnx.ModelProto.FromString(transformers_saved(file)))
+    assert {op for _, op in contrib_ops(model)} == TRANSFORMERS[file]
+    loss = with_loss(model, refs["loss_weights"])
+    grad = onnax.grad(loss, [x], output="loss")
+    jvp = onnax.jvp(model, [x])
+    axes = tuple(0 if i == 0 else None for i, _ in enumerate(model.graph.inputs))
+    vm = onnax.vmap(model, in_axes=axes)
+    for derived in (grad, jvp, vm):
+        assert not contrib_ops(derived), contrib_ops(derived)
+    feeds = feeds_of(file)
+    check(run(grad, feeds)[f"grad_{x}"], refs["grad_input"], f"{file}: grad")
+    outs = list(run(jvp, {**feeds, f"fwd_{x}": refs["jvp_direction"]}).values())
+    check(outs[0], refs["output"], f"{file}: primal")
+    check(outs[1], refs["jvp_output"], f"{file}: jvp")
+    batched = list(run(vm, {**feeds, x: refs["vmap_input"]}).values())
+    check(batched[0], refs["vmap_output"], f"{file}: vmap")

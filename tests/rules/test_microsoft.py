@@ -157,6 +157,13 @@ ATTENTION_CASES = [
         fixed={"m": np.array([[1, 1, 1, 0], [1, 1, 0, 0]])},
     ),
     MsCase(
+        "attention_key_counts",  # 1-D mask_index: each example's number of keys
+        "g (float[2, 4, 8] x, float[8, 24] w, float[24] c, int32[2] m) => (float[2, 4, 8] y)"
+        " { y = com.microsoft.Attention<num_heads = 2>(x, w, c, m) }",
+        dtypes=FLOAT,
+        fixed={"m": np.array([3, 4])},
+    ),
+    MsCase(
         "attention_scale_bias",
         "g (float[2, 3, 8] x, float[8, 24] w, float[24] c, float[1, 2, 3, 3] b)"
         " => (float[2, 3, 8] y)"

@@ -52,6 +52,31 @@ def _heads(em: Emitter, v: ir.Value, heads: int) -> ir.Value:
     return typed(em.transpose(split, [0, 2, 1, 3]), v)
 
 
+def _key_mask(em: Emitter, node: ir.Node, mask: ir.Value, keys: ir.Value) -> ir.Value:
+    """``[B, 1, 1, L]``: which keys a query may see.
+
+    A 2-D mask ``[B, L]`` keeps the keys where it is positive; a 1-D one ``[B]`` holds each
+    example's number of keys (right padding, as the ``onnxruntime.transformers`` optimizer
+    writes ``ReduceSum`` of the attention mask).
+    """
+    rank = mask.shape.rank() if mask.shape is not None else None
+    if rank == 2:
+        zero = em.const(np.zeros((), mask.dtype.numpy()))  # type: ignore[union-attr]
+        return em.unsqueeze(em.op("Greater", [mask, zero]), [1, 2])
+    if rank == 1:
+        count = em.slice(em.op("Shape", [keys]), [2], [3], [0])  # L, from [B, N, L, h]
+        positions = em.op("Range", [em.ints([0]), count, em.ints([1])])
+        lengths = em.op("Cast", [mask], {"to": ir.DataType.INT64})
+        valid = em.op("Less", [em.unsqueeze(positions, [0]), em.unsqueeze(lengths, [1])])
+        return em.unsqueeze(valid, [1, 2])
+    raise refuse(
+        node,
+        f"the mask has rank {rank}; the lowering reads a key padding mask [batch, keys] or "
+        "key counts [batch]",
+        "give the mask as [batch, keys] with 1 for kept keys",
+    )
+
+
 def _attend(
     em: Emitter,
     node: ir.Node,
@@ -74,14 +99,7 @@ def _attend(
         scores = typed(em.op("Add", [scores, bias]), q)
     keep: ir.Value | None = None
     if key_mask is not None:
-        if key_mask.shape is None or key_mask.shape.rank() != 2:
-            raise refuse(
-                node,
-                "the mask is not a 2-D key padding mask [batch, keys]",
-                "give the mask as [batch, keys] with 1 for kept keys",
-            )
-        valid = em.op("Greater", [key_mask, em.const(np.zeros((), key_mask.dtype.numpy()))])  # type: ignore[union-attr]
-        keep = em.unsqueeze(valid, [1, 2])  # [B, 1, 1, L]
+        keep = _key_mask(em, node, key_mask, kh)
     if attrs.get_int("unidirectional", 0):
         # key j is visible from query i when j <= i (no cache: the keys are the queries)
         shape = em.op("Shape", [scores])
