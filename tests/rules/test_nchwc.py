@@ -104,6 +104,19 @@ CASES = [
     pooled("global_average_pool", "GlobalAveragePool", "", "1, 1"),
     pooled("global_max_pool", "GlobalMaxPool", "", "1, 1", distinct),
     pooled("upsample_nearest", "Upsample", '<scales = [1, 1, 2, 3], mode = "nearest">', "10, 15"),
+    pooled("upsample_linear", "Upsample", '<scales = [1, 1, 2, 2], mode = "linear">', "10, 10"),
+    pooled(
+        "upsample_linear_align_corners",
+        "Upsample",
+        '<scales = [1, 1, 2, 2], mode = "linear", coordinate_transformation_mode = "align_corners">',
+        "10, 10",
+    ),
+    pooled(
+        "upsample_linear_half_pixel",
+        "Upsample",
+        '<scales = [1, 1, 2, 2], mode = "linear", coordinate_transformation_mode = "half_pixel">',
+        "10, 10",
+    ),
 ]
 
 
