@@ -340,3 +340,18 @@ def test_attention_with_past_is_refused() -> None:
         onnax.jvp(model, ["x"])
     message = str(err.value)
     assert "com.microsoft::Attention" in message and "input 4 (past) is given" in message
+
+
+@pytest.mark.parametrize("op", ["SkipLayerNormalization", "SkipSimplifiedLayerNormalization"])
+def test_skip_norm_default_epsilon(op: str) -> None:
+    """Without the attribute the kernels use 1e-12: a variance of ~1e-9 shows any other."""
+    model = MsCase(
+        op,
+        "g (float[1, 2, 4] x, float[1, 2, 4] s, float[4] g) => (float[1, 2, 4] y)"
+        f" {{ y = com.microsoft.{op}(x, s, g) }}",
+    ).model("float", 18)
+    x = np.arange(8, dtype=np.float32).reshape(1, 2, 4) * 1e-4
+    feeds = {"x": x, "s": np.zeros_like(x), "g": np.ones(4, np.float32)}
+    want = run(model, feeds)["y"]
+    got = run(onnax.jvp(model, ["x"]), {**feeds, "fwd_x": x})["y"]
+    np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-6)
