@@ -66,6 +66,9 @@ FAMILIES = (
     "control_flow.scan",
     "control_flow.loop",
     "sequence",
+    "microsoft",
+    "nchwc",
+    "ms_attention",
 )
 
 _collected = False
