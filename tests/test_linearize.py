@@ -25,11 +25,11 @@ import pytest
 import onnax
 import zoo
 from cases import Case
+from onnax.cli.linearize import add_parser
+from onnax.cli.linearize import run as run_cli
 from onnax.core.subgraphs import subgraph_reads
 from onnax.errors import SelectionError
 from onnax.linearization import linearize
-from onnax.linearize_cli import add_parser
-from onnax.linearize_cli import run as run_cli
 from oracles import check_model_valid, fd_jvp, run, serialized, tolerances
 from rules.test_control_flow import CASES, PASSTHROUGH_CASES
 

@@ -5,7 +5,8 @@
 ``jvp(grad(m))`` (Hessian-vector products) and ``vmap(grad(m))`` (per-example gradients) work
 without special cases. Each transform takes an ``onnx_ir.Model`` and returns a new one; each
 exists as a pass class too (``JvpPass``, ``HessianPass``...) for an ``onnx_ir`` PassManager.
-``check`` verifies a derived model numerically; ``FamilyPass`` writes a CasADi family.
+``linearize`` splits a jvp into a forward model and a linear one (many J·v products for the
+price of one primal run); ``check`` verifies a derived model numerically; ``FamilyPass`` writes a CasADi family.
 """
 
 from onnax.api import grad, hessian, jacfwd, jacrev, jvp, unroll, vjp, vmap
@@ -18,6 +19,7 @@ from onnax.errors import (
     UnsupportedOperatorError,
     UnsupportedValueError,
 )
+from onnax.linearization import linearize
 from onnax.passes import GradPass, JvpPass, VjpPass
 from onnax.passes.derived import HessianPass, JacfwdPass, JacrevPass
 from onnax.passes.family import FamilyPass
@@ -47,6 +49,7 @@ __all__ = [
     "jacfwd",
     "jacrev",
     "jvp",
+    "linearize",
     "unroll",
     "vjp",
     "vmap",

@@ -27,6 +27,7 @@ __all__ = ["SUBCOMMANDS", "CliError", "build_parser", "main", "parse_axes", "par
 SUBCOMMANDS = (
     "onnax.cli.demo",
     "onnax.cli.transforms",
+    "onnax.cli.linearize",
     "onnax.cli.family",
     "onnax.cli.unroll",
     "onnax.cli.train",

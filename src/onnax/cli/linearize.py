@@ -7,6 +7,7 @@ as one paragraph and exits with status 2, as for the other subcommands.
 from __future__ import annotations
 
 import argparse
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -14,7 +15,7 @@ import onnx_ir as ir
 
 from onnax.errors import OnnaxError
 
-__all__ = ["LinearizeCliError", "add_parser", "run"]
+__all__ = ["LinearizeCliError", "add_parser", "register", "run"]
 
 FORWARD = "forward.onnx"
 LINEAR = "linear.onnx"
@@ -24,14 +25,19 @@ class LinearizeCliError(OnnaxError):
     """A bad argument of ``onnax linearize`` (a missing model, a result path that is a file)."""
 
 
-def add_parser(subparsers: Any) -> argparse.ArgumentParser:
+def add_parser(
+    subparsers: Any, parents: Sequence[argparse.ArgumentParser] = ()
+) -> argparse.ArgumentParser:
     """Adds the ``linearize`` subcommand to ``subparsers`` (from ``add_subparsers``).
+
+    ``parents`` are parsers whose flags it shares (the main command's ``--debug``, ``--quiet``).
 
     Returns:
         The new subparser; its ``func`` default is :func:`run`.
     """
     p: argparse.ArgumentParser = subparsers.add_parser(
         "linearize",
+        parents=list(parents),
         help="forward model (primal + residuals) and linear model (residuals + fwd_<x> -> "
         "fwd_<y>): IN.onnx -> DIR/",
     )
@@ -52,6 +58,11 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
     )
     p.set_defaults(func=run)
     return p
+
+
+def register(sub: Any, common: argparse.ArgumentParser) -> None:
+    """Adds ``linearize`` to the ``onnax`` command."""
+    add_parser(sub, parents=[common])
 
 
 def _names(text: str | None) -> list[str] | None:
