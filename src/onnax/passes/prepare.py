@@ -36,12 +36,14 @@ import onnx_ir.passes.common as common
 
 from onnax.core.inference import RANK_GUESSED, infer_shapes
 from onnax.core.opsets import DEFAULT_OPSET, MIN_OPSET
+from onnax.core.registry import jvp_rules, lowerings
 from onnax.core.skeleton import skeleton_proto
 from onnax.errors import InvalidModelError
 from onnax.passes.clone import clone_model
 from onnax.passes.inline_if import SimplifyControlFlow
 from onnax.passes.steps import Steps
 from onnax.passes.upgrade import UpgradeOpset
+from onnax.rules import collect
 
 # infer_shapes and RANK_GUESSED live in onnax.core.inference; they are re-exported here for
 # the modules and tests that import them from their old place.
@@ -173,8 +175,56 @@ class CheckModel(passes.InPlacePass):
     def call(self, model: ir.Model) -> passes.PassResult:
         """Runs the step on ``model``."""
         proto, _ = skeleton_proto(model)
+        _hide_schemaless(proto)
         _check(proto, self.transform)
         return passes.PassResult(model, modified=False)
+
+
+_UNCHECKED = "onnax.unchecked"
+"""The domain that default-domain nodes without an ONNX schema move to, in the checker's copy."""
+
+
+def _hide_schemaless(proto: onnx.ModelProto) -> None:
+    """Moves default-domain nodes without an ONNX schema, but with onnax rules, out of the way.
+
+    In the checker's copy only: nodes that onnx has no schema for at the model's opset but
+    onnax has a lowering or rule for move into a private domain.
+
+    onnxruntime registers some of its operators in the default domain and writes them into the
+    models it saves (SimplifiedLayerNormalization; LayerNormalization before opset 17): onnx's
+    checker refuses them, yet the expansion pass lowers them to ONNX operators. As a custom
+    domain's nodes, the checker passes over them and checks everything else.
+    """
+    opset = next((o.version for o in proto.opset_import if o.domain in ("", "ai.onnx")), 0)
+    collect()
+    moved = False
+
+    def visit(graph: onnx.GraphProto) -> None:
+        nonlocal moved
+        for node in graph.node:
+            for attr in node.attribute:
+                for sub in (*([attr.g] if attr.HasField("g") else []), *attr.graphs):
+                    visit(sub)
+            if node.domain not in ("", "ai.onnx") or _has_schema(node.op_type, opset):
+                continue
+            known = lowerings.lookup("", node.op_type, opset) or jvp_rules.lookup(
+                "", node.op_type, opset
+            )
+            if known is not None:
+                node.domain = _UNCHECKED
+                moved = True
+
+    visit(proto.graph)
+    if moved:
+        proto.opset_import.append(onnx.helper.make_opsetid(_UNCHECKED, 1))
+
+
+def _has_schema(op_type: str, opset: int) -> bool:
+    try:
+        onnx.defs.get_schema(op_type, opset, "")
+    except onnx.defs.SchemaError:
+        return False
+    return True
 
 
 class InlineFunctions(passes.InPlacePass):

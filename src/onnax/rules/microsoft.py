@@ -9,8 +9,8 @@ does not reach keep their fused kernels.
 
 Covered: FusedMatMul, Gelu, FastGelu, BiasGelu, QuickGelu, BiasAdd, FusedGemm, FusedConv,
 SkipLayerNormalization, SkipSimplifiedLayerNormalization and onnxruntime's default-domain
-SimplifiedLayerNormalization (which ``prepare``'s onnx.checker refuses today, see
-docs/contrib-ops.md); Attention and MultiHeadAttention are in :mod:`onnax.rules.ms_attention`,
+SimplifiedLayerNormalization (which onnx.checker does not know: ``prepare`` checks the rest of
+the model around it); Attention and MultiHeadAttention are in :mod:`onnax.rules.ms_attention`,
 the NCHWc layout in :mod:`onnax.rules.nchwc`. The formulas follow onnxruntime's ``docs/ContribOperators.md`` and
 its CPU kernels; ``tests/rules/test_microsoft.py`` checks each lowered primal against the kernel.
 """
