@@ -232,7 +232,7 @@ def test_unknown_default_domain_operator_is_still_refused_by_the_checker() -> No
         '<ir_version: 10, opset_import: ["" : 18]>\n'
         "g (float[3] x) => (float[3] y) { y = NoSuchOperator(x) }"
     )
-    with pytest.raises(onnax.InvalidModelError, match="fails onnx.checker.*NoSuchOperator"):
+    with pytest.raises(onnax.InvalidModelError, match=r"fails onnx.checker.*NoSuchOperator"):
         onnax.jvp(model)
 
 
