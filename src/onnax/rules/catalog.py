@@ -18,7 +18,14 @@ import onnx.defs
 from onnax.core.diagnostics import RANDOM_OPS
 from onnax.core.functions import static_body_operators
 from onnax.core.opsets import MAX_OPSET, MIN_OPSET
-from onnax.core.registry import Registry, batch_rules, jvp_rules, lowerings, transpose_rules
+from onnax.core.registry import (
+    OpRules,
+    Registry,
+    batch_rules,
+    jvp_rules,
+    lowerings,
+    transpose_rules,
+)
 from onnax.rules import collect
 
 __all__ = ["OperatorSupport", "function_body_opsets", "operators_markdown", "support_table"]
@@ -101,11 +108,18 @@ def function_body_opsets() -> dict[str, tuple[int, ...]]:
 
 
 def support_table() -> list[OperatorSupport]:
-    """Every operator with a rule, a lowering or an expandable function body, sorted."""
+    """Every operator with a rule, a lowering or an expandable function body, sorted.
+
+    Operators registered through the public API (:func:`onnax.rules.register`) are left out:
+    the table is onnax's own coverage.
+    """
     collect()
     bodies = function_body_opsets()
+    # Operators registered through the public API (onnax.rules.register) are the user's.
+    public = {key for key, mods in OpRules.owners().items() if "onnax.rules.custom" in mods}
     keys = sorted(
-        {*jvp_rules, *transpose_rules, *batch_rules, *lowerings} | {("", n) for n in bodies}
+        ({*jvp_rules, *transpose_rules, *batch_rules, *lowerings} - public)
+        | {("", n) for n in bodies}
     )
     return [
         OperatorSupport(
