@@ -13,15 +13,9 @@ import json
 import types
 from collections.abc import Hashable
 
-from onnax.core.registry import (
-    OpRules,
-    Registry,
-    batch_rules,
-    jvp_rules,
-    lowerings,
-    transpose_rules,
-)
+from onnax.core.registry import Registry, batch_rules, jvp_rules, lowerings, transpose_rules
 from onnax.rules import collect
+from onnax.rules.custom import registered
 
 OPSETS = range(7, 29)
 REGISTRIES: dict[str, Registry] = {
@@ -51,9 +45,9 @@ def rule_key(rule: object) -> Hashable:
 def dispatch_table() -> dict[str, dict[str, str]]:
     """``{kind: {"domain::op": "-,-,0,0,1,..."}}`` over opsets 7..28 (``-``: no rule)."""
     collect()
-    # rules registered through the public API (by tests of it, in the same process) are not
+    # rules registered through the public API (by its tests, in the same process) are not
     # onnax's own
-    public = {key for key, mods in OpRules.owners().items() if "onnax.rules.custom" in mods}
+    public = registered()
     table: dict[str, dict[str, str]] = {}
     for kind, registry in REGISTRIES.items():
         ops: dict[str, str] = {}

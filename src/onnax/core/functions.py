@@ -23,7 +23,7 @@ import onnx.shape_inference
 import onnx.version_converter
 import onnx_ir as ir
 
-__all__ = ["Body", "BodyConversionError", "function_body", "static_body_operators"]
+__all__ = ["Body", "BodyConversionError", "function_body", "schema_at", "static_body_operators"]
 
 _ONNX_DOMAINS = ("", "ai.onnx")
 
@@ -63,7 +63,7 @@ class Body:
     converted: bool
 
 
-def _schema(domain: str, op_type: str, opset: int) -> Any:
+def schema_at(domain: str, op_type: str, opset: int) -> Any:
     """The schema serving ``opset``, or None. Typed Any: onnx's stubs lack the function API."""
     try:
         return onnx.defs.get_schema(op_type, opset, domain)
@@ -97,7 +97,7 @@ def static_body_operators(op_type: str, opset: int) -> tuple[int, set[str]] | No
     Returns:
         None when the schema serving ``opset`` has no (context-independent) function body.
     """
-    schema = _schema("", op_type, opset)
+    schema = schema_at("", op_type, opset)
     if schema is None or not schema.has_function:
         return None
     version = _pick(schema.function_opset_versions, opset)
@@ -115,7 +115,7 @@ def _input_type(value: ir.Value | None) -> onnx.TypeProto:
 
 
 def _raw_body(node: ir.Node, opset: int) -> tuple[onnx.FunctionProto, Any] | None:
-    schema = _schema(node.domain, node.op_type, opset)
+    schema = schema_at(node.domain, node.op_type, opset)
     if schema is None:
         return None
     data = b""
@@ -224,8 +224,8 @@ def _changed_ops(graph: onnx.GraphProto, written_for: int, opset: int) -> list[t
     """Body nodes whose operator has another schema version at ``opset`` than at ``written_for``."""
     changed = []
     for k, n in _default_ops(graph):
-        a = _schema("", n.op_type, written_for)
-        b = _schema("", n.op_type, opset)
+        a = schema_at("", n.op_type, written_for)
+        b = schema_at("", n.op_type, opset)
         if a is None or b is None or a.since_version != b.since_version:
             changed.append((k, n.op_type))
         for attr in n.attribute:
@@ -236,7 +236,7 @@ def _changed_ops(graph: onnx.GraphProto, written_for: int, opset: int) -> list[t
 
 
 def _version_label(op_type: str, opset: int) -> str:
-    schema = _schema("", op_type, opset)
+    schema = schema_at("", op_type, opset)
     if schema is None:
         return f"does not exist at opset {opset}"
     return f"is {op_type}-{schema.since_version} at opset {opset}"

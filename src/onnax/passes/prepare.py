@@ -34,6 +34,7 @@ import onnx_ir as ir
 import onnx_ir.passes as passes
 import onnx_ir.passes.common as common
 
+from onnax.core.functions import schema_at
 from onnax.core.inference import RANK_GUESSED, infer_shapes
 from onnax.core.opsets import DEFAULT_OPSET, MIN_OPSET
 from onnax.core.registry import jvp_rules, lowerings
@@ -205,7 +206,7 @@ def _hide_schemaless(proto: onnx.ModelProto) -> None:
             for attr in node.attribute:
                 for sub in (*([attr.g] if attr.HasField("g") else []), *attr.graphs):
                     visit(sub)
-            if node.domain not in ("", "ai.onnx") or _has_schema(node.op_type, opset):
+            if node.domain not in ("", "ai.onnx") or schema_at("", node.op_type, opset) is not None:
                 continue
             known = lowerings.lookup("", node.op_type, opset) or jvp_rules.lookup(
                 "", node.op_type, opset
@@ -217,14 +218,6 @@ def _hide_schemaless(proto: onnx.ModelProto) -> None:
     visit(proto.graph)
     if moved:
         proto.opset_import.append(onnx.helper.make_opsetid(_UNCHECKED, 1))
-
-
-def _has_schema(op_type: str, opset: int) -> bool:
-    try:
-        onnx.defs.get_schema(op_type, opset, "")
-    except onnx.defs.SchemaError:
-        return False
-    return True
 
 
 class InlineFunctions(passes.InPlacePass):

@@ -16,17 +16,11 @@ import onnx
 import onnx.defs
 
 from onnax.core.diagnostics import RANDOM_OPS
-from onnax.core.functions import static_body_operators
+from onnax.core.functions import schema_at, static_body_operators
 from onnax.core.opsets import MAX_OPSET, MIN_OPSET
-from onnax.core.registry import (
-    OpRules,
-    Registry,
-    batch_rules,
-    jvp_rules,
-    lowerings,
-    transpose_rules,
-)
+from onnax.core.registry import Registry, batch_rules, jvp_rules, lowerings, transpose_rules
 from onnax.rules import collect
+from onnax.rules.custom import registered
 
 __all__ = ["OperatorSupport", "function_body_opsets", "operators_markdown", "support_table"]
 
@@ -74,14 +68,6 @@ def _expandable_schema(schema: Any) -> bool:
     return not any(a.type in graph_types for a in schema.attributes.values())
 
 
-def _exists(op_type: str, opset: int) -> bool:
-    try:
-        onnx.defs.get_schema(op_type, opset, "")
-    except onnx.defs.SchemaError:
-        return False
-    return True
-
-
 def function_body_opsets() -> dict[str, tuple[int, ...]]:
     """Per ONNX operator, the served opsets at which its schema has an expandable body."""
     latest: dict[str, list[onnx.defs.OpSchema]] = {}
@@ -99,7 +85,9 @@ def function_body_opsets() -> dict[str, tuple[int, ...]]:
             static = static_body_operators(name, opset)
             # A body written for a newer opset may use operators this one lacks (CastLike
             # before 15): conversion cannot invent them.
-            if static is not None and not all(_exists(op, opset) for op in static[1]):
+            if static is not None and not all(
+                schema_at("", op, opset) is not None for op in static[1]
+            ):
                 continue
             opsets.append(opset)
         if opsets:
@@ -115,8 +103,7 @@ def support_table() -> list[OperatorSupport]:
     """
     collect()
     bodies = function_body_opsets()
-    # Operators registered through the public API (onnax.rules.register) are the user's.
-    public = {key for key, mods in OpRules.owners().items() if "onnax.rules.custom" in mods}
+    public = registered()
     keys = sorted(
         ({*jvp_rules, *transpose_rules, *batch_rules, *lowerings} - public)
         | {("", n) for n in bodies}

@@ -43,6 +43,7 @@ __all__ = [
     "register_elementwise",
     "register_linear",
     "register_zero_derivative",
+    "registered",
 ]
 
 Derivative = Callable[[Emitter, ir.Value, ir.Value], ir.Value]
@@ -78,6 +79,15 @@ def _register_shape(domain: str, op_type: str, since_version: int, shape: ShapeR
     osi.registry.collect()
     if osi.registry.get(domain, op_type, version=since_version) is None:
         osi.registry.register(domain, op_type, since_version=since_version)(shape)
+
+
+def registered() -> set[tuple[str, str]]:
+    """``(domain, op_type)`` of every operator registered through this API.
+
+    They are the user's, not onnax's own: the coverage table and the dispatch snapshot leave
+    them out.
+    """
+    return {key for key, modules in OpRules.owners().items() if __name__ in modules}
 
 
 def _check_names(domain: str, op_type: str, since_version: int) -> None:
