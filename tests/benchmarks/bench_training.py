@@ -5,6 +5,7 @@ Usage::
     uv run python tests/benchmarks/bench_training.py [--torch-python /path/to/venv/bin/python]
         [--models resnet18,gpt2,bert,vit_s16,convnext_tiny] [--batches 1,8] [--rounds 7]
         [--cache /tmp/onnax-bench-training] [--tiny] [--corpus] [--skip vmap_grad,jvp_grad]
+        [--ortt-python /tmp/ortt/bin/python [--ortt-pythonpath DIR]]
 
 The networks (resnet18 at 224 px, a GPT-2-small-shaped decoder of 6 layers x 512 at sequence
 128, a BERT-base-shaped encoder, ViT-S/16 and convnext-tiny; random seeded weights, eval mode)
@@ -30,14 +31,22 @@ Per model and batch it prints, all at one onnxruntime thread, medians over inter
   parameter), ``grad_in``, ``jvp_grad`` (``torch.func.jvp`` of ``torch.func.grad``) and
   ``vmap_grad`` (``torch.func.vmap(torch.func.grad)``).
 
-onnxruntime-training's gradient graph is not compared here: onnxruntime-training 1.19.2 needs
-its own environment and Python <= 3.12 wheels (see the closing notes of the performance issue).
+* the activations PyTorch's autograd keeps for the backward of every parameter (``torch
+  saved``), beside onnxruntime's peak for ``grad_all``;
+* head to head against onnxruntime-training 1.19.2's gradient graph, where ``--ortt-python``
+  names an interpreter that has it (see ``training_ortt.py`` for how to make one) and
+  ``generate_artifacts`` builds: its train step (forward + gradient graph w.r.t. every weight)
+  and onnax's gradient w.r.t. the same weights, both timed in onnxruntime-training's own
+  onnxruntime, interleaved, with their ratio. onnxruntime-training imports torch; with
+  ``--torch-python`` given, a directory of links to that torch (without its onnx, onnxruntime
+  and numpy) is put on its path.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import os
 import statistics
 import subprocess
 import sys
@@ -153,6 +162,94 @@ def derive(primal: ir.Model, x: np.ndarray, single: ir.Model | None, skip: set[s
     return bench
 
 
+def torch_only_path(torch_python: str, dest: Path) -> Path:
+    """A directory of links to ``torch_python``'s packages, without onnx, onnxruntime, numpy."""
+    out = subprocess.run(
+        [
+            torch_python,
+            "-c",
+            "import os, torch; print(os.path.dirname(os.path.dirname(torch.__file__)))",
+        ],
+        capture_output=True,
+        text=True,
+        check=True,
+    )
+    site = Path(out.stdout.strip())
+    dest.mkdir(parents=True, exist_ok=True)
+    for entry in site.iterdir():
+        if entry.name.startswith(("onnx", "numpy", "pip", "setuptools", "_distutils")):
+            continue
+        link = dest / entry.name
+        if not link.exists():
+            link.symlink_to(entry)
+    return dest
+
+
+def against_ortt(
+    cases: dict[str, tuple[ir.Model, np.ndarray]],
+    python: str,
+    pythonpath: Path | None,
+    rounds: int,
+    scratch: Path,
+) -> dict[str, dict[str, object]]:
+    """onnxruntime-training's train step against onnax's weight gradient (training_ortt.py)."""
+    scratch.mkdir(parents=True, exist_ok=True)
+    spec = {}
+    for i, (name, (primal, x)) in enumerate(cases.items()):
+        weights = [
+            w
+            for w in _float_initializers(primal)
+            if primal.graph.initializers[w].dtype == ir.DataType.FLOAT
+        ]
+        grad = onnax.grad(primal, inputs=weights, output="loss")
+        paths = {k: scratch / f"case{i}.{k}" for k in ("model.onnx", "onnax.onnx", "x.npy")}
+        ir.save(primal, paths["model.onnx"])
+        ir.save(grad, paths["onnax.onnx"])
+        np.save(paths["x.npy"], x)
+        spec[name] = {
+            "model": str(paths["model.onnx"]),
+            "onnax": str(paths["onnax.onnx"]),
+            "x": str(paths["x.npy"]),
+            "weights": weights,
+        }
+    (scratch / "spec.json").write_text(json.dumps(spec))
+    env = dict(os.environ)
+    if pythonpath is not None:
+        env["PYTHONPATH"] = str(pythonpath)
+    out = subprocess.run(
+        [python, str(HERE / "training_ortt.py"), str(scratch / "spec.json"), str(rounds)],
+        capture_output=True,
+        text=True,
+        env=env,
+    )
+    if out.returncode != 0:
+        print(f"onnxruntime-training worker failed: {out.stderr.strip().splitlines()[-1:]}")
+        return {}
+    result: dict[str, dict[str, object]] = json.loads(out.stdout.strip().splitlines()[-1])
+    return result
+
+
+def report_ortt(results: dict[str, dict[str, object]]) -> None:
+    if not results:
+        return
+    print("\nagainst onnxruntime-training 1.19.2 (grad w.r.t. every weight, its onnxruntime):")
+    print(
+        f"  {'model':<22} {'ortt/primal':>11} {'onnax/primal':>12} {'onnax/ortt':>10} {'ortt nodes':>10}"
+    )
+    for name, r in results.items():
+        if "error" in r:
+            print(f"  {name:<22} does not build: {r['error']}")
+            continue
+        primal, ortt = float(r["primal"]), float(r["ortt"])  # type: ignore[arg-type]
+        onnax_t = r.get("onnax")
+        ours = (
+            f"{float(onnax_t) / primal:>12.2f} {float(onnax_t) / ortt:>10.2f}"  # type: ignore[arg-type]
+            if onnax_t is not None
+            else f"{'-':>12} {'-':>10}  ({r.get('onnax_error')})"
+        )
+        print(f"  {name:<22} {ortt / primal:>11.2f} {ours} {r['ortt_nodes']:>10}")
+
+
 def time_models(bench: Bench, rounds: int) -> dict[str, float]:
     """Median run time of every model of ``bench``, in interleaved rounds after a warm-up."""
     sessions = {name: _session(model) for name, model in bench.models.items()}
@@ -230,8 +327,17 @@ def report(name: str, bench: Bench, times: dict[str, float], memory: dict[str, i
     if "grad_all" in memory:
         ratio = memory["grad_all"] / max(memory["primal"], 1)
         print(
-            f"  peak activations grad_all {memory['grad_all'] / 2**20:.0f} MiB ({ratio:.1f}x primal)"
+            f"  peak activations grad_all {memory['grad_all'] / 2**20:.0f} MiB ({ratio:.1f}x primal)",
+            end="",
         )
+        saved = bench.torch.get("saved_bytes")
+        if saved:
+            print(
+                f"; torch autograd saves {saved / 2**20:.0f} MiB"
+                f" (onnax peak / torch saved = {memory['grad_all'] / saved:.2f})",
+                end="",
+            )
+        print()
 
 
 def _export(
@@ -295,6 +401,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--corpus", action="store_true", help="add tests/data/real")
     parser.add_argument("--skip", default="", help="derivatives to skip, e.g. vmap_grad")
     parser.add_argument("--no-memory", action="store_true")
+    parser.add_argument("--ortt-python", default=None, help="a Python with onnxruntime-training")
+    parser.add_argument("--ortt-pythonpath", type=Path, default=None)
     args = parser.parse_args(argv)
     models = [m for m in args.models.split(",") if m]
     cache = args.cache / ("tiny" if args.tiny else "full")
@@ -329,6 +437,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             )
     if args.corpus:
         cases.extend((name, model, x, None, {}) for name, model, x in _corpus())
+    ortt_cases: dict[str, tuple[ir.Model, np.ndarray]] = {}
     for name, primal, x, single, torch_times in cases:
         print(f"\n{name}", flush=True)
         bench = derive(primal, x, single, skip)
@@ -342,6 +451,15 @@ def main(argv: Sequence[str] | None = None) -> int:
                         bench.models[key], bench.feeds[key], cache / "scratch"
                     )
         report(name, bench, times, memory)
+        if args.ortt_python and "grad_all" not in skip:
+            ortt_cases[name] = (primal, x)
+    if ortt_cases and args.ortt_python:
+        pythonpath = args.ortt_pythonpath
+        if pythonpath is None and args.torch_python:
+            pythonpath = torch_only_path(args.torch_python, cache / "torch-only")
+        report_ortt(
+            against_ortt(ortt_cases, args.ortt_python, pythonpath, args.rounds, cache / "ortt")
+        )
     return 0
 
 

@@ -14,7 +14,8 @@ seeded ``r`` stored in the file. ``DIR/<model>.b<batch>.npz`` holds the example 
 ``DIR/<model>.b<batch>.torch.json`` the medians, over interleaved rounds at one thread, of:
 forward (no grad), forward + backward w.r.t. every parameter, forward + backward w.r.t. the
 input only, ``torch.func.vmap(grad)`` per-example parameter gradients (batch > 1), and
-``torch.func.jvp(grad)`` w.r.t. the input (a Hessian-vector product).
+``torch.func.jvp(grad)`` w.r.t. the input (a Hessian-vector product); and ``saved_bytes``, the
+activations autograd keeps for the backward of every parameter.
 
 ``--tiny`` shrinks every network (two layers, narrow) for a quick check of the pipeline.
 """
@@ -128,6 +129,28 @@ def _median(fn: Callable[[], object]) -> Callable[[], float]:
     return timed
 
 
+def saved_bytes(module: WithLoss, x: torch.Tensor) -> int:
+    """Bytes of the activations autograd keeps for the backward of every parameter.
+
+    Counted by storage, once each, through ``saved_tensors_hooks``; the parameters, buffers and
+    the input are not activations and are left out.
+    """
+    storages: dict[int, int] = {}
+
+    def pack(t: torch.Tensor) -> torch.Tensor:
+        storage = t.untyped_storage()
+        storages[storage.data_ptr()] = storage.nbytes()
+        return t
+
+    module.zero_grad(set_to_none=True)
+    with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+        loss = module(x)[1]
+    loss.backward()
+    module.zero_grad(set_to_none=True)
+    held = {t.untyped_storage().data_ptr() for t in (*module.parameters(), *module.buffers(), x)}
+    return sum(n for ptr, n in storages.items() if ptr not in held)
+
+
 def timings(module: WithLoss, x: torch.Tensor, rounds: int) -> dict[str, float]:
     """Medians over interleaved rounds of the forward and the derivative computations."""
     params = dict(module.named_parameters())
@@ -217,6 +240,7 @@ def main() -> None:
             export(module, x, args.out / f"{stem}.onnx")
             np.savez(args.out / f"{stem}.npz", x=x.numpy())
             result = {} if args.no_time else timings(module, x, args.rounds)
+            result["saved_bytes"] = saved_bytes(module, x)
             (args.out / f"{stem}.torch.json").write_text(json.dumps(result, indent=1))
             print(f"{name} batch {batch}: exported; torch {result}", flush=True)
 

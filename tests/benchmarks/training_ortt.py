@@ -1,0 +1,128 @@
+"""The onnxruntime-training side of bench_training.py: its gradient graph against onnax's.
+
+Runs in a Python with onnxruntime-training 1.19.2 (never in the project's environment)::
+
+    uv venv /tmp/ortt && uv pip install --python /tmp/ortt onnxruntime-training==1.19.2 \\
+        "numpy<2" onnx==1.16.2
+    PYTHONPATH=DIR /tmp/ortt/bin/python tests/benchmarks/training_ortt.py SPEC.json ROUNDS
+
+onnxruntime-training imports torch at import time; ``DIR`` holds links to a torch install's
+packages without its onnx, onnxruntime and numpy (bench_training.py's ``--ortt-pythonpath``
+makes one). ``SPEC.json`` maps a case name to ``{"model": primal .onnx with outputs y and loss,
+"onnax": onnax's gradient of loss w.r.t. the weights, "x": .npy input, "weights": [names]}``.
+
+For each case it builds onnxruntime-training's artifacts (``generate_artifacts``, no loss block
+added: the model's ``loss`` output is the loss, the same weights require gradients) and times,
+in this one onnxruntime and in interleaved rounds at one thread after a warm-up: the primal
+(an InferenceSession), onnxruntime-training's ``Module`` train step (forward + gradient graph,
+gradients reset lazily) and onnax's gradient model (an InferenceSession). It prints one JSON
+object: per case the medians in seconds, the node counts and domains of the training graph, or
+the error ``generate_artifacts`` raised.
+"""
+
+from __future__ import annotations
+
+import collections
+import json
+import statistics
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import onnx
+import onnxruntime as ort
+from onnxruntime.training import artifacts
+from onnxruntime.training.api import CheckpointState, Module
+
+
+def _options() -> ort.SessionOptions:
+    options = ort.SessionOptions()
+    options.intra_op_num_threads = 1
+    options.inter_op_num_threads = 1
+    options.log_severity_level = 3
+    return options
+
+
+def _loss_only(path: str) -> onnx.ModelProto:
+    """The primal with ``loss`` as its only output: the training graph's loss."""
+    model = onnx.load(path)
+    keep = [o for o in model.graph.output if o.name == "loss"]
+    del model.graph.output[:]
+    model.graph.output.extend(keep)
+    return model
+
+
+def case(item: dict[str, Any], rounds: int, scratch: Path) -> dict[str, Any]:
+    model = _loss_only(item["model"])
+    try:
+        artifacts.generate_artifacts(
+            model,
+            requires_grad=item["weights"],
+            frozen_params=[
+                i.name for i in model.graph.initializer if i.name not in set(item["weights"])
+            ],
+            loss=None,
+            artifact_directory=str(scratch),
+        )
+    except Exception as err:  # a refusal is the finding: report it and go on
+        return {"error": f"generate_artifacts: {type(err).__name__}: {err}"[:400]}
+    graph = onnx.load(str(scratch / "training_model.onnx")).graph
+    domains = collections.Counter(n.domain or "ai.onnx" for n in graph.node)
+    x = np.load(item["x"])
+    state = CheckpointState.load_checkpoint(str(scratch / "checkpoint"))
+    module = Module(
+        str(scratch / "training_model.onnx"),
+        state,
+        str(scratch / "eval_model.onnx"),
+        session_options=_options(),
+    )
+    module.train()
+    primal = ort.InferenceSession(item["model"], _options(), providers=["CPUExecutionProvider"])
+    try:
+        grad = ort.InferenceSession(item["onnax"], _options(), providers=["CPUExecutionProvider"])
+    except Exception as err:  # onnax's opset may be newer than this onnxruntime's
+        grad, grad_error = None, f"{type(err).__name__}: {err}"[:300]
+    else:
+        grad_error = None
+    names = [i.name for i in primal.get_inputs()]
+    feeds = {names[0]: x}
+
+    def train_step() -> None:
+        module(x)
+        module.lazy_reset_grad()
+
+    runs: dict[str, Any] = {"primal": lambda: primal.run(None, feeds), "ortt": train_step}
+    if grad is not None:
+        runs["onnax"] = lambda: grad.run(None, feeds)
+    samples: dict[str, list[float]] = {k: [] for k in runs}
+    for fn in runs.values():
+        fn()
+        fn()
+    for _ in range(rounds):
+        for key, fn in runs.items():
+            start = time.perf_counter()
+            fn()
+            samples[key].append(time.perf_counter() - start)
+    result: dict[str, Any] = {k: statistics.median(v) for k, v in samples.items()}
+    result["ortt_nodes"] = len(graph.node)
+    result["ortt_domains"] = dict(domains)
+    if grad_error:
+        result["onnax_error"] = grad_error
+    return result
+
+
+def main() -> None:
+    spec = json.loads(Path(sys.argv[1]).read_text())
+    rounds = int(sys.argv[2])
+    out = {}
+    for name, item in spec.items():
+        with tempfile.TemporaryDirectory() as scratch:
+            out[name] = case(item, rounds, Path(scratch))
+    print(json.dumps(out))
+
+
+if __name__ == "__main__":
+    main()
