@@ -363,3 +363,54 @@ def test_deterministic() -> None:
     first = ir.to_proto(training.step(source, optimizer=training.Adam(amsgrad=True)))
     again = ir.to_proto(training.step(source, optimizer=training.Adam(amsgrad=True)))
     assert first.SerializeToString() == again.SerializeToString()
+
+
+def _conv_bn_model() -> ir.Model:
+    """Conv -> BatchNormalization (inference) -> ReduceSum loss, weights as initializers."""
+    rng = np.random.default_rng(0)
+    x = ir.val("x", ir.DataType.FLOAT, ir.Shape([2, 3, 5, 5]))
+    inits = {
+        "conv.weight": rng.standard_normal((4, 3, 3, 3)),
+        "bn.weight": rng.standard_normal(4),
+        "bn.bias": rng.standard_normal(4),
+        "bn.running_mean": rng.standard_normal(4),
+        "bn.running_var": rng.uniform(0.5, 2.0, 4),
+    }
+    values = {
+        name: ir.Value(name=name, const_value=ir.tensor(a.astype(np.float32)))
+        for name, a in inits.items()
+    }
+    for v in values.values():
+        v.type = ir.TensorType(ir.DataType.FLOAT)
+        v.shape = ir.Shape(v.const_value.shape)  # type: ignore[union-attr]
+    conv = ir.node("Conv", [x, values["conv.weight"]])
+    bn = ir.node(
+        "BatchNormalization",
+        [
+            conv.outputs[0],
+            *(values[f"bn.{k}"] for k in ("weight", "bias", "running_mean", "running_var")),
+        ],
+    )
+    loss = ir.node("ReduceSum", [bn.outputs[0]], attributes={"keepdims": 0})
+    loss.outputs[0].name = "loss"
+    loss.outputs[0].type = ir.TensorType(ir.DataType.FLOAT)
+    loss.outputs[0].shape = ir.Shape([])
+    graph = ir.Graph(
+        [x],
+        [loss.outputs[0]],
+        nodes=[conv, bn, loss],
+        initializers=list(values.values()),
+        opset_imports={"": 17},
+        name="conv_bn",
+    )
+    return ir.Model(graph, ir_version=10)
+
+
+def test_batchnorm_running_statistics_are_not_trained_by_default() -> None:
+    model = _conv_bn_model()
+    step = training.step(model, optimizer=training.SGD(lr=0.1))
+    assert list(training.layout(step)["params"]) == ["conv.weight", "bn.weight", "bn.bias"]
+    assert {"bn.running_mean", "bn.running_var"} <= set(step.graph.initializers)
+    # named explicitly, they are trained like any parameter
+    named = training.step(model, params=["conv.weight", "bn.running_mean"])
+    assert list(training.layout(named)["params"]) == ["conv.weight", "bn.running_mean"]

@@ -11,7 +11,7 @@ from onnax.core.selection import is_float
 from onnax.errors import SelectionError
 from onnax.passes.clone import clone_model
 
-__all__ = ["lift_params", "select_params"]
+__all__ = ["lift_params", "running_statistics", "select_params"]
 
 
 def _as_names(value: str | Sequence[str] | None, what: str, arg: str) -> list[str] | None:
@@ -33,6 +33,22 @@ def _matches(pattern: str, names: Sequence[str]) -> list[str]:
     return [n for n in names if n == pattern or fnmatchcase(n, pattern)]
 
 
+def running_statistics(graph: ir.Graph) -> set[str]:
+    """Initializers that inference BatchNormalizations read as running mean and variance.
+
+    PyTorch keeps these as buffers, not parameters: an optimizer never updates them.
+    """
+    stats: set[str] = set()
+    for node in graph.all_nodes():
+        if node.op_type != "BatchNormalization" or node.domain not in ("", "ai.onnx"):
+            continue
+        mode = node.attributes.get("training_mode")
+        if mode is not None and mode.as_int():
+            continue
+        stats.update(v.name for v in node.inputs[3:5] if v is not None and v.name)
+    return stats
+
+
 def select_params(
     graph: ir.Graph,
     params: str | Sequence[str] | None,
@@ -43,7 +59,8 @@ def select_params(
 
     Args:
         graph: The main graph.
-        params: Names or fnmatch patterns of initializers to train; None: every float one.
+        params: Names or fnmatch patterns of initializers to train; None: every float one
+            except BatchNormalization running statistics (:func:`running_statistics`).
         frozen: Names or fnmatch patterns of initializers to keep constant.
         what: The caller, for messages.
 
@@ -55,7 +72,8 @@ def select_params(
     floats = [name for name in inits if is_float(graph.initializers[name])]
     wanted = _as_names(params, what, "params")
     if wanted is None:
-        chosen = floats
+        stats = running_statistics(graph)
+        chosen = [name for name in floats if name not in stats]
     else:
         picked: set[str] = set()
         for pattern in wanted:

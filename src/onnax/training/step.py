@@ -61,7 +61,7 @@ def step(
             modified.
         loss: The name of the loss output.
         params: Names or fnmatch patterns of the initializers to train (None: every float
-            initializer).
+            initializer but BatchNormalization running statistics).
         frozen: Names or fnmatch patterns of initializers to keep constant.
         optimizer: :class:`SGD`, :class:`Adam` or :class:`AdamW` (default ``AdamW()``).
         max_grad_norm: Clip the gradients to this global 2-norm first, as
