@@ -42,6 +42,7 @@ __all__ = [
     "is_present",
     "known_rank",
     "standardize",
+    "standardize_fused",
     "standardized_tangent",
     "sum_shaped",
 ]
@@ -132,7 +133,7 @@ class Standardized:
     mean: ir.Value | None
     inv: ir.Value
     xhat: ir.Value
-    var: ir.Value  # mean(d**2) (of x**2 for the RMS form), kept dimensions
+    var: ir.Value | None  # mean(d**2) (of x**2 for the RMS form), kept dims; None if fused
 
 
 def standardize(
@@ -153,6 +154,52 @@ def standardize(
     var = em.reduce("ReduceMean", em.op("Mul", [d, d]), axes, keepdims=True)
     inv = em.op("Reciprocal", [em.op("Sqrt", [em.op("Add", [var, em.scalar(eps, dtype)])])])
     return Standardized(axes, mean, inv, em.op("Mul", [d, inv]), var)
+
+
+# The element types whose LayerNormalization stashes at float32 (stash_type=1) without losing
+# precision: for a double X onnxruntime has no kernel with a double InvStdDev (stash_type=11).
+_FUSED_TYPES = (ir.DataType.FLOAT, ir.DataType.FLOAT16, ir.DataType.BFLOAT16)
+
+
+def standardize_fused(
+    em: Emitter, x: ir.Value, axis: int, axes: list[int], eps: float, normalized: ir.Value
+) -> Standardized | None:
+    """``xhat`` and ``inv`` over ``axis..`` from one unit-scale LayerNormalization, or None.
+
+    One fused kernel replaces the seven nodes :func:`standardize` emits (two means, the
+    difference, the variance's square, Add, Sqrt, Reciprocal) and reads ``x`` once; its
+    InvStdDev output is the inverse standard deviation the derivative needs. None for the element
+    types where that output would lose precision (double: it is float32); the caller then
+    recomputes the statistics with :func:`standardize`.
+
+    Args:
+        em: The emitter.
+        x: The data.
+        axis: The first normalised axis (LayerNormalization's ``axis``).
+        axes: The normalised axes, for the tangent's means.
+        eps: The epsilon as the runtime sees it.
+        normalized: A value shaped like the normalised dimensions (the primal's Scale), whose
+            shape the unit scale takes.
+    """
+    dt = dtype_of(x)
+    if dt not in _FUSED_TYPES:
+        return None
+    shape = normalized.shape
+    dims = [d for d in shape.dims if isinstance(d, int)] if shape is not None else []
+    if shape is not None and len(dims) == shape.rank():
+        ones = em.const(np.full(tuple(dims), 1.0, dtype=dt.numpy()))
+    else:
+        ones = em.op("Expand", [em.scalar(1.0, dt), em.op("Shape", [normalized])])
+    xhat, mean, inv = em.op_multi(
+        "LayerNormalization",
+        [x, ones],
+        {"axis": axis, "epsilon": eps, "stash_type": 1},
+        num_outputs=3,
+    )
+    # The statistics are float32 (the stash type); mean only marks the centred form here.
+    mean.dtype = inv.dtype = ir.DataType.FLOAT
+    xhat.dtype = dt
+    return Standardized(axes, mean, cast_to(em, inv, ir.DataType.FLOAT, dt), xhat, None)
 
 
 @dataclasses.dataclass(frozen=True)

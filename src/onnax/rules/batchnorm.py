@@ -242,7 +242,7 @@ def _batch_norm_training_batch(
     wanted = [i < len(node.outputs) and is_present(node.outputs[i]) for i in (1, 2)]
     if any(wanted):
         momentum = f32(float_attr(node, "momentum", 0.9))
-        assert s.mean is not None
+        assert s.mean is not None and s.var is not None
         for k, (current, before) in enumerate(((s.mean, input_mean), (s.var, input_var))):
             if not wanted[k]:
                 continue

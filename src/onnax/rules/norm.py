@@ -94,6 +94,7 @@ from onnax.rules._normalization import (
     is_present,
     known_rank,
     standardize,
+    standardize_fused,
     standardized_tangent,
     sum_shaped,
 )
@@ -172,8 +173,11 @@ def _layer_norm_jvp(em: Emitter, node: ir.Node, tangents: Tangents) -> list[ir.V
     tx = tangents[0]
     ts = tangents[1] if len(tangents) > 1 else None
     tb = tangents[2] if len(tangents) > 2 else None
-    axes = _trailing_axes(node, x, int_attr(node, "axis", -1))
-    s = standardize(em, x, axes, epsilon(node), dtype_of(x))
+    axis = int_attr(node, "axis", -1)
+    axes = _trailing_axes(node, x, axis)
+    s = standardize_fused(em, x, axis, axes, epsilon(node), scale) or standardize(
+        em, x, axes, epsilon(node), dtype_of(x)
+    )
     st = standardized_tangent(em, tx, s) if tx is not None else None
     terms: list[ir.Value | None] = [
         em.op("Mul", [st.dxhat, scale]) if st is not None else None,
