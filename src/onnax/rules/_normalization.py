@@ -11,6 +11,7 @@ that treat every row of ``N`` alike.
 from __future__ import annotations
 
 import dataclasses
+import math
 from collections.abc import Sequence
 
 import numpy as np
@@ -44,6 +45,7 @@ __all__ = [
     "standardize",
     "standardize_fused",
     "standardized_tangent",
+    "standardized_tangent_of",
     "sum_shaped",
 ]
 
@@ -221,6 +223,36 @@ def standardized_tangent(em: Emitter, t: ir.Value, s: Standardized) -> Standardi
         centered = em.op("Sub", [t, mean_t])
     inner = em.op("Sub", [centered, em.op("Mul", [s.xhat, mean_xt])])
     return StandardizedTangent(em.op("Mul", [inner, s.inv]), mean_t, mean_xt)
+
+
+def standardized_tangent_of(em: Emitter, t: ir.Value, s: Standardized, x: ir.Value) -> ir.Value:
+    """``inv * (t - mean(t) - xhat * mean(xhat * t))``, the tangent of ``xhat`` alone.
+
+    Where the count ``n`` of normalised elements is static, it is spelled so that its transpose
+    (reverse mode) is short: ``k = t * inv``, then ``k - (sum(k) + xhat * sum(xhat * k)) / n``
+    with ReduceSum (whose transpose is one Expand, where ReduceMean's is a Div and an Expand)
+    and ``-1/n`` multiplying the per-row sums, so no Neg or Sub falls on the full-size cotangent.
+    Otherwise (a dynamic ``n``), :func:`standardized_tangent`.
+
+    Args:
+        em: The emitter.
+        t: The tangent of the data.
+        s: The standardisation of ``x``.
+        x: The data, whose static shape gives ``n``.
+    """
+    dims = x.shape.dims if x.shape is not None else None
+    sizes = [d for d in (dims[a] for a in s.axes) if isinstance(d, int)] if dims else []
+    if dims is None or len(sizes) != len(s.axes):
+        return standardized_tangent(em, t, s).dxhat
+    n = math.prod(sizes)
+    minus_1_over_n = em.scalar(-1.0 / n, dtype_of(x))
+    k = em.op("Mul", [t, s.inv])
+    along_xhat = em.reduce_sum(em.op("Mul", [k, s.xhat]), s.axes, keepdims=True)
+    total = em.op("Add", [k, em.op("Mul", [s.xhat, em.op("Mul", [along_xhat, minus_1_over_n])])])
+    if s.mean is None:
+        return total
+    row = em.op("Mul", [em.reduce_sum(k, s.axes, keepdims=True), minus_1_over_n])
+    return em.op("Add", [total, row])
 
 
 def fold_leading(bx: Batcher, x: ir.Value, original: ir.Value) -> tuple[ir.Value, ir.Value]:

@@ -96,6 +96,7 @@ from onnax.rules._normalization import (
     standardize,
     standardize_fused,
     standardized_tangent,
+    standardized_tangent_of,
     sum_shaped,
 )
 from onnax.rules._patterns import attributes_of
@@ -178,9 +179,13 @@ def _layer_norm_jvp(em: Emitter, node: ir.Node, tangents: Tangents) -> list[ir.V
     s = standardize_fused(em, x, axis, axes, epsilon(node), scale) or standardize(
         em, x, axes, epsilon(node), dtype_of(x)
     )
-    st = standardized_tangent(em, tx, s) if tx is not None else None
+    stats = [o for o in node.outputs[1:] if is_present(o)]
+    st = standardized_tangent(em, tx, s) if tx is not None and stats else None
+    dxhat = st.dxhat if st is not None else None
+    if tx is not None and not stats:
+        dxhat = standardized_tangent_of(em, tx, s, x)
     terms: list[ir.Value | None] = [
-        em.op("Mul", [st.dxhat, scale]) if st is not None else None,
+        em.op("Mul", [dxhat, scale]) if dxhat is not None else None,
         em.op("Mul", [s.xhat, ts]) if ts is not None else None,
     ]
     outs: list[ir.Value | None] = [sum_shaped(em, terms, tb, bias, y)]
@@ -216,7 +221,7 @@ def _rms_norm_jvp(em: Emitter, node: ir.Node, tangents: Tangents) -> list[ir.Val
     s = standardize(em, x, axes, epsilon(node), dtype_of(x), center=False)
     terms: list[ir.Value | None] = []
     if tx is not None:
-        terms.append(em.op("Mul", [standardized_tangent(em, tx, s).dxhat, scale]))
+        terms.append(em.op("Mul", [standardized_tangent_of(em, tx, s, x), scale]))
     if ts is not None:
         terms.append(em.op("Mul", [s.xhat, ts]))
     return [sum_shaped(em, terms, None, None, y)]
@@ -287,7 +292,7 @@ def _instance_norm_jvp(em: Emitter, node: ir.Node, tangents: Tangents) -> list[i
         return [None]
     rank = known_rank(node, x)
     s = standardize(em, x, list(range(2, rank)), epsilon(node), dtype_of(x))
-    dxhat = standardized_tangent(em, tangents[0], s).dxhat if tangents[0] is not None else None
+    dxhat = standardized_tangent_of(em, tangents[0], s, x) if tangents[0] is not None else None
     return [_channel_affine_tangent(em, node, dxhat, s.xhat, tangents, rank, y)]
 
 
