@@ -232,7 +232,7 @@ def _squeeze_transpose(
 
 
 def _fold_into_sum(em: Emitter, ct: ir.Value, axes: list[int], out: ir.Value) -> ir.Value | None:
-    """``ReduceSum(s, axes, keepdims=0)`` when ``ct`` is ``ReduceSum(s, axes, keepdims=1)``.
+    """``ReduceSum(s, axes, keepdims=0)`` when ``ct`` is ``ReduceSum(s, some of axes, keepdims=1)``.
 
     A per-channel tangent broadcast over the data (``Unsqueeze`` then a broadcasting ``Mul`` or
     ``Add``: BatchNorm's and the affine parameters') has as cotangent the sum over the broadcast
@@ -255,7 +255,9 @@ def _fold_into_sum(em: Emitter, ct: ir.Value, axes: list[int], out: ir.Value) ->
         const_ints(sums.inputs[1]) if len(sums.inputs) > 1 else sums.attributes.get_ints("axes")
     )
     rank = out.shape.rank()
-    if summed is None or sorted(a % rank for a in summed) != sorted(a % rank for a in axes):
+    # The squeezed axes are 1 in ``ct``: those the sum kept from ``s`` were 1 there already, and
+    # summing over them too changes nothing.
+    if summed is None or not {a % rank for a in summed} <= {a % rank for a in axes}:
         return None
     source = sums.inputs[0]
     assert source is not None
