@@ -186,6 +186,33 @@ def _unit_batch_norm(em: Emitter, node: ir.Node) -> ir.Value:
     return xhat
 
 
+def _channel_factor(em: Emitter, node: ir.Node) -> ir.Value | None:
+    """``scale / sqrt(var + eps)`` as ``[C, 1, ...]`` (``[1, C]`` for rank 2), or None.
+
+    The node's own operator on a ``[1, C]`` of ones with zero bias and mean computes it in one
+    kernel, where Add, Sqrt, Reciprocal, Mul and an Unsqueeze would take five nodes. None when
+    the number of channels or the rank is not static.
+    """
+    x, scale, var = data_input(node), node.inputs[1], node.inputs[4]
+    assert scale is not None and var is not None
+    dims = scale.shape.dims if scale.shape is not None else ()
+    if len(dims) != 1 or not isinstance(dims[0], int) or x.shape is None:
+        return None
+    channels, rank = dims[0], x.shape.rank()
+    ones = em.const(np.ones((1, channels), dtype=dtype_of(x).numpy()))
+    bias = em.const(np.zeros((channels,), dtype=dtype_of(scale).numpy()))
+    mean = em.const(np.zeros((channels,), dtype=dtype_of(var).numpy()))
+    row = em.op("BatchNormalization", [ones, scale, bias, mean, var], {"epsilon": epsilon(node)})
+    row.dtype, row.shape = dtype_of(x), ir.Shape([1, channels])
+    if rank == 2:
+        return row
+    factor = em.op("Reshape", [row, em.ints([channels, *[1] * (rank - 2)])])
+    # Declared so that the Conv before can take the factor into its weight in reverse mode
+    # (rules/conv.py); emitted values carry no shapes until inference.
+    factor.dtype, factor.shape = dtype_of(x), ir.Shape([channels, *[1] * (rank - 2)])
+    return factor
+
+
 def _channel_tangent(em: Emitter, t: ir.Value, rank: int) -> ir.Value:
     """A ``[C]`` tangent as ``[1, C, 1, ...]``, of the data's rank.
 
@@ -217,10 +244,15 @@ def _batch_norm_jvp(em: Emitter, node: ir.Node, tangents: Tangents) -> list[ir.V
     rest: list[ir.Value | None] = [None] * (len(node.outputs) - 1)
     if all(t is None for t in (tx, ts, tb, tm, tv)):
         return [None, *rest]
-    inv = em.op("Reciprocal", [em.op("Sqrt", [em.op("Add", [var, em.scalar(epsilon(node), x)])])])
-    a = em.op("Mul", [scale, inv])
     full: list[ir.Value | None] = []
-    if tx is not None:
+    # The usual case, running statistics not differentiated, needs the factor alone.
+    factor_row = _channel_factor(em, node) if tx is not None and tm is None and tv is None else None
+    if factor_row is not None:
+        assert tx is not None
+        full.append(em.op("Mul", [tx, factor_row]))
+    inv = em.op("Reciprocal", [em.op("Sqrt", [em.op("Add", [var, em.scalar(epsilon(node), x)])])])
+    a = em.op("Mul", [scale, inv])  # left for dead-code elimination when factor_row serves
+    if tx is not None and factor_row is None:
         factor = along_channels(em, a, rank)
         channels = node.inputs[1].shape if node.inputs[1] is not None else None
         if channels is not None and channels.rank() == 1:
