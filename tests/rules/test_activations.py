@@ -283,3 +283,17 @@ def test_gelu_unknown_approximation() -> None:
     assert "'Y'" in message
     assert "approximate='erf'" in message
     assert "'none'" in message and "'tanh'" in message
+
+
+def test_erf_derivative_is_one_exp_of_a_difference() -> None:
+    """d erf(x) = exp(log(2/sqrt(pi)) - x^2): Mul, Sub and Exp over the data, no Neg and no
+    separate scaling (checked against differences with the other Erf cases)."""
+    text = (
+        '<ir_version: 10, opset_import: ["" : 17]>\n'
+        "g (float[N, 4] X) => (float Y) { E = Erf(X)\n Y = ReduceSum<keepdims=0>(E) }"
+    )
+    gm = onnax.grad(ir.from_onnx_text(text), ["X"], output="Y")
+    ops = [n.op_type for n in gm.graph]
+    assert "Neg" not in ops and ops.count("Exp") == 1 and ops.count("Sub") == 1, ops
+    x = np.linspace(-2.0, 2.0, 8, dtype=np.float32).reshape(2, 4)
+    check_vjp(ir.from_onnx_text(text), {"X": x})

@@ -220,3 +220,23 @@ def test_batch_norm_mixed_element_types_build(mode: str) -> None:
     derived = onnax.jvp(model) if mode == "jvp" else onnax.vjp(model)
     onnx.checker.check_model(ir.to_proto(derived), full_check=True)
     assert "Cast" in ops_of(derived)
+
+
+def test_batch_norm_grad_is_lean() -> None:
+    """grad of the inference form w.r.t. X, scale and B: xhat from one unit-scale
+    BatchNormalization (no Sub over the data), the factor scale/sqrt(var + eps) from one on a row
+    of ones (no Sqrt or Reciprocal), each parameter's gradient one ReduceSum without kept
+    dimensions (no second ReduceSum, no Squeeze), and a bounded graph."""
+    model = _case("BatchNorm-9").model("float", 13)
+    loss = ir.node("ReduceSum", [model.graph.outputs[0]], attributes={"keepdims": 0})
+    loss.outputs[0].name = "L"
+    model.graph.append(loss)
+    model.graph.outputs[:] = [loss.outputs[0]]
+    gm = onnax.grad(model, ["X", "scale", "B"], output="L")
+    ops = ops_of(gm)
+    assert ops.count("BatchNormalization") == 3, ops
+    assert not {"Sub", "Squeeze", "Sqrt", "Reciprocal"} & set(ops), ops
+    # The seed's Expand, grad_B's and grad_scale's sums, and the loss itself.
+    assert ops.count("ReduceSum") == 3, ops
+    # 24 nodes (the loss's seed included) with xhat and the factor recomputed, sums squeezed.
+    assert len(ops) - 2 <= 15, ops

@@ -1,4 +1,5 @@
 import numpy as np
+import onnx_ir as ir
 import pytest
 
 import onnax
@@ -447,3 +448,26 @@ VMAPPED = [
 @pytest.mark.parametrize(("name", "opset"), VMAPPED)
 def test_derivatives_of_vmapped_models(name: str, opset: int) -> None:
     check_derivatives_of_vmapped_model({c.name: c for c in CASES + TARGETED}[name], opset)
+
+
+@pytest.mark.parametrize("spatial", [3, 1])
+def test_unsqueezed_parameter_gradient_is_one_sum(spatial: int) -> None:
+    """A [C] parameter unsqueezed to [1, C, 1, 1] and broadcast over the data: its gradient is
+    one ReduceSum dropping the axes (no Squeeze after a kept-dims sum), also where the spatial
+    axes are 1 and the sum runs over the batch axis only; checked against differences."""
+    text = (
+        '<ir_version: 10, opset_import: ["" : 17]>\n'
+        f"g (float[2, 3, {spatial}, {spatial}] X, float[3] b) => (float L) "
+        "<int64[3] axes = {0, 2, 3}> { u = Unsqueeze(b, axes)\n y = Mul(X, u)\n"
+        " L = ReduceSum<keepdims=0>(y) }"
+    )
+    model = ir.from_onnx_text(text)
+    gm = onnax.grad(model, ["b"], output="L")
+    ops = [n.op_type for n in gm.graph]
+    assert "Squeeze" not in ops, ops
+    rng = np.random.default_rng(0)
+    feeds = {
+        "X": rng.standard_normal((2, 3, spatial, spatial)).astype(np.float32),
+        "b": rng.standard_normal(3).astype(np.float32),
+    }
+    check_vjp(model, feeds, ["b"], ["L"])

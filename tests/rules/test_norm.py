@@ -271,22 +271,29 @@ def test_vmap_folds_or_shifts() -> None:
 
 def test_layer_norm_tangent_uses_ordinary_operators() -> None:
     """The tangent of LayerNorm is built of ordinary operators (reverse mode: their transposes);
-    the only LayerNormalization left is the primal one."""
+    besides the primal, one unit-scale LayerNormalization gives the statistics."""
     model = _case("LayerNorm-stats").model("float", 17)
     jm = onnax.jvp(model)
     ops = set(ops_of(jm))
-    assert ops <= {
-        "LayerNormalization",
-        "ReduceMean",
-        "Sub",
-        "Mul",
-        "Add",
-        "Sqrt",
-        "Reciprocal",
-        "Neg",
-        "Constant",
-    }, ops
-    assert ops_of(jm).count("LayerNormalization") == 1
+    assert ops <= {"LayerNormalization", "ReduceMean", "Sub", "Mul", "Add", "Neg", "Constant"}, ops
+    assert ops_of(jm).count("LayerNormalization") == 2
+
+
+def test_layer_norm_statistics_are_not_recomputed() -> None:
+    """grad reads xhat and the inverse deviation from one fused LayerNormalization: no means,
+    square roots or reciprocals of the data in the forward sweep; the backward sums with
+    ReduceSum and applies no Neg or Sub to the cotangent; and the graph is bounded."""
+    model = _case("LayerNorm-last").model("float", 17)
+    loss = ir.node("ReduceSum", [model.graph.outputs[0]], attributes={"keepdims": 0})
+    loss.outputs[0].name = "L"
+    model.graph.append(loss)
+    model.graph.outputs[:] = [loss.outputs[0]]
+    gm = onnax.grad(model, ["X", "S", "B"], output="L")
+    ops = ops_of(gm)
+    assert ops.count("LayerNormalization") == 2, ops
+    assert not {"Sqrt", "Reciprocal", "Sub", "Neg", "ReduceMean"} & set(ops), ops
+    # 33 derivative nodes (the loss's seed included) when the statistics were recomputed.
+    assert len(ops) - 2 <= 24, ops
 
 
 # ------------------------------------------------------------------------- second order

@@ -11,6 +11,7 @@ that treat every row of ``N`` alike.
 from __future__ import annotations
 
 import dataclasses
+import math
 from collections.abc import Sequence
 
 import numpy as np
@@ -42,7 +43,9 @@ __all__ = [
     "is_present",
     "known_rank",
     "standardize",
+    "standardize_fused",
     "standardized_tangent",
+    "standardized_tangent_of",
     "sum_shaped",
 ]
 
@@ -132,7 +135,7 @@ class Standardized:
     mean: ir.Value | None
     inv: ir.Value
     xhat: ir.Value
-    var: ir.Value  # mean(d**2) (of x**2 for the RMS form), kept dimensions
+    var: ir.Value | None  # mean(d**2) (of x**2 for the RMS form), kept dims; None if fused
 
 
 def standardize(
@@ -155,6 +158,52 @@ def standardize(
     return Standardized(axes, mean, inv, em.op("Mul", [d, inv]), var)
 
 
+# The element types whose LayerNormalization stashes at float32 (stash_type=1) without losing
+# precision: for a double X onnxruntime has no kernel with a double InvStdDev (stash_type=11).
+_FUSED_TYPES = (ir.DataType.FLOAT, ir.DataType.FLOAT16, ir.DataType.BFLOAT16)
+
+
+def standardize_fused(
+    em: Emitter, x: ir.Value, axis: int, axes: list[int], eps: float, normalized: ir.Value
+) -> Standardized | None:
+    """``xhat`` and ``inv`` over ``axis..`` from one unit-scale LayerNormalization, or None.
+
+    One fused kernel replaces the seven nodes :func:`standardize` emits (two means, the
+    difference, the variance's square, Add, Sqrt, Reciprocal) and reads ``x`` once; its
+    InvStdDev output is the inverse standard deviation the derivative needs. None for the element
+    types where that output would lose precision (double: it is float32); the caller then
+    recomputes the statistics with :func:`standardize`.
+
+    Args:
+        em: The emitter.
+        x: The data.
+        axis: The first normalised axis (LayerNormalization's ``axis``).
+        axes: The normalised axes, for the tangent's means.
+        eps: The epsilon as the runtime sees it.
+        normalized: A value shaped like the normalised dimensions (the primal's Scale), whose
+            shape the unit scale takes.
+    """
+    dt = dtype_of(x)
+    if dt not in _FUSED_TYPES:
+        return None
+    shape = normalized.shape
+    dims = [d for d in shape.dims if isinstance(d, int)] if shape is not None else []
+    if shape is not None and len(dims) == shape.rank():
+        ones = em.const(np.full(tuple(dims), 1.0, dtype=dt.numpy()))
+    else:
+        ones = em.op("Expand", [em.scalar(1.0, dt), em.op("Shape", [normalized])])
+    xhat, mean, inv = em.op_multi(
+        "LayerNormalization",
+        [x, ones],
+        {"axis": axis, "epsilon": eps, "stash_type": 1},
+        num_outputs=3,
+    )
+    # The statistics are float32 (the stash type); mean only marks the centred form here.
+    mean.dtype = inv.dtype = ir.DataType.FLOAT
+    xhat.dtype = dt
+    return Standardized(axes, mean, cast_to(em, inv, ir.DataType.FLOAT, dt), xhat, None)
+
+
 @dataclasses.dataclass(frozen=True)
 class StandardizedTangent:
     """The tangent of a :class:`Standardized` value and the means it is built from."""
@@ -174,6 +223,36 @@ def standardized_tangent(em: Emitter, t: ir.Value, s: Standardized) -> Standardi
         centered = em.op("Sub", [t, mean_t])
     inner = em.op("Sub", [centered, em.op("Mul", [s.xhat, mean_xt])])
     return StandardizedTangent(em.op("Mul", [inner, s.inv]), mean_t, mean_xt)
+
+
+def standardized_tangent_of(em: Emitter, t: ir.Value, s: Standardized, x: ir.Value) -> ir.Value:
+    """``inv * (t - mean(t) - xhat * mean(xhat * t))``, the tangent of ``xhat`` alone.
+
+    Where the count ``n`` of normalised elements is static, it is spelled so that its transpose
+    (reverse mode) is short: ``k = t * inv``, then ``k - (sum(k) + xhat * sum(xhat * k)) / n``
+    with ReduceSum (whose transpose is one Expand, where ReduceMean's is a Div and an Expand)
+    and ``-1/n`` multiplying the per-row sums, so no Neg or Sub falls on the full-size cotangent.
+    Otherwise (a dynamic ``n``), :func:`standardized_tangent`.
+
+    Args:
+        em: The emitter.
+        t: The tangent of the data.
+        s: The standardisation of ``x``.
+        x: The data, whose static shape gives ``n``.
+    """
+    dims = x.shape.dims if x.shape is not None else None
+    sizes = [d for d in (dims[a] for a in s.axes) if isinstance(d, int)] if dims else []
+    if dims is None or len(sizes) != len(s.axes):
+        return standardized_tangent(em, t, s).dxhat
+    n = math.prod(sizes)
+    minus_1_over_n = em.scalar(-1.0 / n, dtype_of(x))
+    k = em.op("Mul", [t, s.inv])
+    along_xhat = em.reduce_sum(em.op("Mul", [k, s.xhat]), s.axes, keepdims=True)
+    total = em.op("Add", [k, em.op("Mul", [s.xhat, em.op("Mul", [along_xhat, minus_1_over_n])])])
+    if s.mean is None:
+        return total
+    row = em.op("Mul", [em.reduce_sum(k, s.axes, keepdims=True), minus_1_over_n])
+    return em.op("Add", [total, row])
 
 
 def fold_leading(bx: Batcher, x: ir.Value, original: ir.Value) -> tuple[ir.Value, ir.Value]:

@@ -32,6 +32,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
+import numpy as np
 import onnx_ir as ir
 
 from onnax.core.attrs import float_attr, int_attr
@@ -160,6 +161,68 @@ def _batch_norm_training_jvp(
     return outs
 
 
+def _unit_batch_norm(em: Emitter, node: ir.Node) -> ir.Value:
+    """``xhat = (x - mean) / sqrt(var + eps)``: the node's own operator with unit scale, zero bias.
+
+    One fused kernel reading ``x`` once, instead of Sub and Mul over the data (and the Unsqueezes
+    of mean and inv) in the forward sweep.
+    """
+    scale = node.inputs[1]
+    assert scale is not None
+    dims = scale.shape.dims if scale.shape is not None else ()
+    if len(dims) == 1 and isinstance(dims[0], int):
+        ones = em.const(np.ones((dims[0],), dtype=dtype_of(scale).numpy()))
+        zeros = em.const(np.zeros((dims[0],), dtype=dtype_of(scale).numpy()))
+    else:
+        length = em.op("Shape", [scale])
+        ones = em.op("Expand", [em.scalar(1.0, scale), length])
+        zeros = em.op("Expand", [em.scalar(0.0, scale), length])
+    xhat = em.op(
+        "BatchNormalization",
+        [data_input(node), ones, zeros, node.inputs[3], node.inputs[4]],
+        {"epsilon": epsilon(node)},
+    )
+    xhat.dtype = dtype_of(data_input(node))
+    return xhat
+
+
+def _channel_factor(em: Emitter, node: ir.Node) -> ir.Value | None:
+    """``scale / sqrt(var + eps)`` as ``[C, 1, ...]`` (``[1, C]`` for rank 2), or None.
+
+    The node's own operator on a ``[1, C]`` of ones with zero bias and mean computes it in one
+    kernel, where Add, Sqrt, Reciprocal, Mul and an Unsqueeze would take five nodes. None when
+    the number of channels or the rank is not static.
+    """
+    x, scale, var = data_input(node), node.inputs[1], node.inputs[4]
+    assert scale is not None and var is not None
+    dims = scale.shape.dims if scale.shape is not None else ()
+    if len(dims) != 1 or not isinstance(dims[0], int) or x.shape is None:
+        return None
+    channels, rank = dims[0], x.shape.rank()
+    ones = em.const(np.ones((1, channels), dtype=dtype_of(x).numpy()))
+    bias = em.const(np.zeros((channels,), dtype=dtype_of(scale).numpy()))
+    mean = em.const(np.zeros((channels,), dtype=dtype_of(var).numpy()))
+    row = em.op("BatchNormalization", [ones, scale, bias, mean, var], {"epsilon": epsilon(node)})
+    row.dtype, row.shape = dtype_of(x), ir.Shape([1, channels])
+    if rank == 2:
+        return row
+    factor = em.op("Reshape", [row, em.ints([channels, *[1] * (rank - 2)])])
+    # Declared so that the Conv before can take the factor into its weight in reverse mode
+    # (rules/conv.py); emitted values carry no shapes until inference.
+    factor.dtype, factor.shape = dtype_of(x), ir.Shape([channels, *[1] * (rank - 2)])
+    return factor
+
+
+def _channel_tangent(em: Emitter, t: ir.Value, rank: int) -> ir.Value:
+    """A ``[C]`` tangent as ``[1, C, 1, ...]``, of the data's rank.
+
+    Of full rank, its cotangent is one ReduceSum over the broadcast axes (no leading axes to
+    sum apart), which the Unsqueeze's transpose then folds into a ReduceSum without kept
+    dimensions.
+    """
+    return em.unsqueeze(t, [0, *range(2, rank)])
+
+
 @batch_norm.jvp
 def _batch_norm_jvp(em: Emitter, node: ir.Node, tangents: Tangents) -> list[ir.Value | None]:
     """See the module doc: ``t * a + xhat * (dscale - scale * inv**2 / 2 * dvar) + (dB - a * dmean)``."""
@@ -173,7 +236,7 @@ def _batch_norm_jvp(em: Emitter, node: ir.Node, tangents: Tangents) -> list[ir.V
         p = node.inputs[i]
         assert p is not None
         params.append(cast_to(em, p, dtype_of(p), dt))
-    scale, _, mean, var = params
+    scale, _, _, var = params
     cast: list[ir.Value | None] = []
     for t, p in zip(tangents, node.inputs, strict=False):
         cast.append(None if t is None or p is None else cast_to(em, t, dtype_of(p), dt))
@@ -181,10 +244,15 @@ def _batch_norm_jvp(em: Emitter, node: ir.Node, tangents: Tangents) -> list[ir.V
     rest: list[ir.Value | None] = [None] * (len(node.outputs) - 1)
     if all(t is None for t in (tx, ts, tb, tm, tv)):
         return [None, *rest]
-    inv = em.op("Reciprocal", [em.op("Sqrt", [em.op("Add", [var, em.scalar(epsilon(node), x)])])])
-    a = em.op("Mul", [scale, inv])
     full: list[ir.Value | None] = []
-    if tx is not None:
+    # The usual case, running statistics not differentiated, needs the factor alone.
+    factor_row = _channel_factor(em, node) if tx is not None and tm is None and tv is None else None
+    if factor_row is not None:
+        assert tx is not None
+        full.append(em.op("Mul", [tx, factor_row]))
+    inv = em.op("Reciprocal", [em.op("Sqrt", [em.op("Add", [var, em.scalar(epsilon(node), x)])])])
+    a = em.op("Mul", [scale, inv])  # left for dead-code elimination when factor_row serves
+    if tx is not None and factor_row is None:
         factor = along_channels(em, a, rank)
         channels = node.inputs[1].shape if node.inputs[1] is not None else None
         if channels is not None and channels.rank() == 1:
@@ -192,27 +260,21 @@ def _batch_norm_jvp(em: Emitter, node: ir.Node, tangents: Tangents) -> list[ir.V
             # mode (rules/conv.py); emitted values carry no shapes until inference.
             factor.dtype, factor.shape = dt, ir.Shape([channels.dims[0], *[1] * (rank - 2)])
         full.append(em.op("Mul", [tx, factor]))
-    # dscale and dvar both multiply xhat: combined per channel first.
+    # dscale and dvar both multiply xhat: combined per channel first. The coefficient of dvar,
+    # -scale * inv**2 / 2, is a * inv * -1/2.
     var_term = None
     if tv is not None:
-        coef = em.op("Mul", [em.op("Mul", [scale, em.op("Mul", [inv, inv])]), em.scalar(-0.5, x)])
+        coef = em.op("Mul", [a, em.op("Mul", [inv, em.scalar(-0.5, x)])])
         var_term = em.op("Mul", [tv, coef])
     g = em.add_all([ts, var_term])
     if g is not None:
-        xhat = em.op(
-            "Mul",
-            [
-                em.op("Sub", [x, along_channels(em, mean, rank)]),
-                along_channels(em, inv, rank),
-            ],
-        )
-        full.append(em.op("Mul", [xhat, along_channels(em, g, rank)]))
+        full.append(em.op("Mul", [_unit_batch_norm(em, node), _channel_tangent(em, g, rank)]))
     # dB and dmean shift every element of a channel alike: combined per channel as well.
     shift = tb
     if tm is not None:
         moved = em.op("Mul", [tm, a])
         shift = em.op("Neg", [moved]) if tb is None else em.op("Sub", [tb, moved])
-    small = along_channels(em, shift, rank) if shift is not None else None
+    small = _channel_tangent(em, shift, rank) if shift is not None else None
     return [sum_shaped(em, full, small, None, y), *rest]
 
 
@@ -242,7 +304,7 @@ def _batch_norm_training_batch(
     wanted = [i < len(node.outputs) and is_present(node.outputs[i]) for i in (1, 2)]
     if any(wanted):
         momentum = f32(float_attr(node, "momentum", 0.9))
-        assert s.mean is not None
+        assert s.mean is not None and s.var is not None
         for k, (current, before) in enumerate(((s.mean, input_mean), (s.var, input_var))):
             if not wanted[k]:
                 continue

@@ -223,8 +223,45 @@ def _squeeze_transpose(
     rest: list[ir.Value | None] = [None] * (len(node.inputs) - 1)
     if axes is None:
         return [reshape_like(em, ct, x), *rest]
+    if node.op_type == "Unsqueeze" and isinstance(axes, list):
+        folded = _fold_into_sum(em, ct, axes, node.outputs[0])
+        if folded is not None:
+            return [folded, *rest]
     inverse = "Unsqueeze" if node.op_type == "Squeeze" else "Squeeze"
     return [_squeeze_like(em, inverse, ct, axes), *rest]
+
+
+def _fold_into_sum(em: Emitter, ct: ir.Value, axes: list[int], out: ir.Value) -> ir.Value | None:
+    """``ReduceSum(s, axes, keepdims=0)`` when ``ct`` is ``ReduceSum(s, some of axes, keepdims=1)``.
+
+    A per-channel tangent broadcast over the data (``Unsqueeze`` then a broadcasting ``Mul`` or
+    ``Add``: BatchNorm's and the affine parameters') has as cotangent the sum over the broadcast
+    axes with kept dimensions; squeezing them again is one ReduceSum that drops them. The kept
+    sum is left without uses, for dead-code elimination. None when ``ct`` is anything else.
+    """
+    sums = ct.producer()
+    if (
+        sums is None
+        or sums.op_type != "ReduceSum"
+        or sums.domain != ""
+        or ct.uses()
+        or ct.is_graph_output()
+        or out.shape is None
+        or sums.attributes.get_int("keepdims", 1) != 1
+        or sums.attributes.get_int("noop_with_empty_axes", 0) != 0
+    ):
+        return None
+    summed = (
+        const_ints(sums.inputs[1]) if len(sums.inputs) > 1 else sums.attributes.get_ints("axes")
+    )
+    rank = out.shape.rank()
+    # The squeezed axes are 1 in ``ct``: those the sum kept from ``s`` were 1 there already, and
+    # summing over them too changes nothing.
+    if summed is None or not {a % rank for a in summed} <= {a % rank for a in axes}:
+        return None
+    source = sums.inputs[0]
+    assert source is not None
+    return em.reduce_sum(source, sorted(a % rank for a in axes), keepdims=False)
 
 
 squeeze = OpRules("Squeeze", since=11)

@@ -94,7 +94,9 @@ from onnax.rules._normalization import (
     is_present,
     known_rank,
     standardize,
+    standardize_fused,
     standardized_tangent,
+    standardized_tangent_of,
     sum_shaped,
 )
 from onnax.rules._patterns import attributes_of
@@ -172,11 +174,18 @@ def _layer_norm_jvp(em: Emitter, node: ir.Node, tangents: Tangents) -> list[ir.V
     tx = tangents[0]
     ts = tangents[1] if len(tangents) > 1 else None
     tb = tangents[2] if len(tangents) > 2 else None
-    axes = _trailing_axes(node, x, int_attr(node, "axis", -1))
-    s = standardize(em, x, axes, epsilon(node), dtype_of(x))
-    st = standardized_tangent(em, tx, s) if tx is not None else None
+    axis = int_attr(node, "axis", -1)
+    axes = _trailing_axes(node, x, axis)
+    s = standardize_fused(em, x, axis, axes, epsilon(node), scale) or standardize(
+        em, x, axes, epsilon(node), dtype_of(x)
+    )
+    stats = [o for o in node.outputs[1:] if is_present(o)]
+    st = standardized_tangent(em, tx, s) if tx is not None and stats else None
+    dxhat = st.dxhat if st is not None else None
+    if tx is not None and not stats:
+        dxhat = standardized_tangent_of(em, tx, s, x)
     terms: list[ir.Value | None] = [
-        em.op("Mul", [st.dxhat, scale]) if st is not None else None,
+        em.op("Mul", [dxhat, scale]) if dxhat is not None else None,
         em.op("Mul", [s.xhat, ts]) if ts is not None else None,
     ]
     outs: list[ir.Value | None] = [sum_shaped(em, terms, tb, bias, y)]
@@ -212,7 +221,7 @@ def _rms_norm_jvp(em: Emitter, node: ir.Node, tangents: Tangents) -> list[ir.Val
     s = standardize(em, x, axes, epsilon(node), dtype_of(x), center=False)
     terms: list[ir.Value | None] = []
     if tx is not None:
-        terms.append(em.op("Mul", [standardized_tangent(em, tx, s).dxhat, scale]))
+        terms.append(em.op("Mul", [standardized_tangent_of(em, tx, s, x), scale]))
     if ts is not None:
         terms.append(em.op("Mul", [s.xhat, ts]))
     return [sum_shaped(em, terms, None, None, y)]
@@ -283,7 +292,7 @@ def _instance_norm_jvp(em: Emitter, node: ir.Node, tangents: Tangents) -> list[i
         return [None]
     rank = known_rank(node, x)
     s = standardize(em, x, list(range(2, rank)), epsilon(node), dtype_of(x))
-    dxhat = standardized_tangent(em, tangents[0], s).dxhat if tangents[0] is not None else None
+    dxhat = standardized_tangent_of(em, tangents[0], s, x) if tangents[0] is not None else None
     return [_channel_affine_tangent(em, node, dxhat, s.xhat, tangents, rank, y)]
 
 
