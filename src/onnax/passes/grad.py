@@ -131,5 +131,5 @@ class GradPass(ir.passes.FunctionalPass):
         cts = transpose_linear(model, lin, [(y, seed)], xs)
         append_outputs(em, graph, claims, prefix, list(zip(xs, cts, strict=True)), "grad")
         accumulate_in_float(model, primal, self.accumulate)
-        self.remat_stats = rematerialize(model, [seed], self.remat)
+        self.remat_stats = rematerialize(model, [seed], self.remat, y)
         return ir.passes.PassResult(cleanup(model), modified=True)

@@ -70,6 +70,18 @@ _SHAPE_OPS = frozenset({"Shape", "Size"})
 _FLOATS = frozenset(
     {ir.DataType.FLOAT, ir.DataType.DOUBLE, ir.DataType.FLOAT16, ir.DataType.BFLOAT16}
 )
+# The element types of onnxruntime's CPU Where kernel (opset 16): a gate on another type
+# would not load.
+_WHERE_TYPES = frozenset(
+    {
+        ir.DataType.FLOAT,
+        ir.DataType.DOUBLE,
+        ir.DataType.FLOAT16,
+        ir.DataType.INT32,
+        ir.DataType.INT64,
+        ir.DataType.UINT8,
+    }
+)
 # A rough multiply-add count per output element of the operators that dominate a forward
 # sweep; every other operator counts one operation per output element.
 _CONTRACTIONS = frozenset({"MatMul", "Gemm", "Conv", "ConvTranspose", "Einsum"})
@@ -245,7 +257,8 @@ def _uses(backward: Sequence[ir.Node], forward_values: set[ir.Value]) -> list[_U
 
 
 def _pinned(graph: ir.Graph, forward: Sequence[ir.Node]) -> set[ir.Value]:
-    pinned: set[ir.Value] = set(graph.outputs)
+    produced = {o for n in forward for o in n.outputs}
+    pinned: set[ir.Value] = {v for v in graph.outputs if v in produced}
     for node in forward:
         if graph_attributes(node) or node.op_type in _RANDOM:
             pinned.update(node.outputs)
@@ -348,7 +361,7 @@ class _Rewriter:
             i is not None and i in segment.clones for i in node.inputs
         ):
             # Reads only stored values: gate the smallest one so the clone is a node of its own.
-            present = [k for k, i in enumerate(inputs) if i is not None]
+            present = [k for k, i in enumerate(inputs) if i is not None and i.dtype in _WHERE_TYPES]
             if present:
                 k = min(present, key=lambda j: _static_bytes(inputs[j]) or 1 << 62)  # type: ignore[arg-type]
                 inputs[k] = self._gated(segment, inputs[k])  # type: ignore[arg-type]
@@ -386,7 +399,9 @@ def _replace(use: _Use, new: ir.Value) -> None:
         use.holder.replace_input_with(use.index, new)
 
 
-def rematerialize(model: ir.Model, seeds: Sequence[ir.Value], policy: RematPolicy) -> RematStats:
+def rematerialize(
+    model: ir.Model, seeds: Sequence[ir.Value], policy: RematPolicy, first_gate: ir.Value
+) -> RematStats:
     """Makes the reverse sweep of ``model`` read recomputed copies of unstored residuals.
 
     Args:
@@ -395,6 +410,9 @@ def rematerialize(model: ir.Model, seeds: Sequence[ir.Value], policy: RematPolic
             main-graph nodes that depend on them are the reverse sweep, every other node is
             the forward sweep (the primal nodes, the primal-only helpers of the jvp rules).
         policy: The checked ``remat=`` policy; ``"store"`` changes nothing.
+        first_gate: The gate of the residuals read before the sweep has computed anything that
+            is not a constant: a seed input (``vjp``) or the loss (``grad``, whose seed is a
+            constant): their recomputation runs after the forward sweep.
 
     Returns:
         What was kept and recomputed.
@@ -430,7 +448,7 @@ def rematerialize(model: ir.Model, seeds: Sequence[ir.Value], policy: RematPolic
     where_forward = {n: i for i, n in enumerate(forward)}
     n_segments = max(1, round(math.sqrt(len(forward))))
     position = {n: i for i, n in enumerate(order)}
-    gates = _gates(order, swept, constant)
+    gates = _gates(order, swept, constant, first_gate)
     by_gate: dict[ir.Value | None, _Segment] = {}
     by_index: dict[int, _Segment] = {}
     for use in sorted(uses, key=lambda u: position[u.reader]):
@@ -486,11 +504,11 @@ def _is_constant(value: ir.Value) -> bool:
 
 
 def _gates(
-    order: Sequence[ir.Node], swept: set[ir.Node], constant: set[ir.Value]
+    order: Sequence[ir.Node], swept: set[ir.Node], constant: set[ir.Value], first: ir.Value
 ) -> list[ir.Value | None]:
-    """Per position, the last floating-point value of the sweep computed before it (or None)."""
+    """Per position, the last floating-point value of the sweep computed before it."""
     gates: list[ir.Value | None] = []
-    last: ir.Value | None = None
+    last: ir.Value | None = first if first.dtype in _FLOATS else None
     for node in order:
         gates.append(last)
         if node not in swept:

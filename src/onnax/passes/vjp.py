@@ -90,5 +90,5 @@ class VjpPass(ir.passes.FunctionalPass):
             Emitter(lin.opset), graph, claims, prefix, list(zip(xs, cts, strict=True)), "vjp"
         )
         accumulate_in_float(model, primal, self.accumulate)
-        self.remat_stats = rematerialize(model, [s for _, s in seeds], self.remat)
+        self.remat_stats = rematerialize(model, [s for _, s in seeds], self.remat, seeds[0][1])
         return ir.passes.PassResult(cleanup(model), modified=True)
