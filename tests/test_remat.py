@@ -429,3 +429,28 @@ def test_the_result_loads_in_onnxruntime_and_passes_the_checker() -> None:
     remat = onnax.grad(model, _weights(model), remat=["Conv"])
     onnx.checker.check_model(ir.to_proto(remat), full_check=True)
     session(remat)
+
+
+def test_the_command_line_takes_remat(tmp_path, capsys) -> None:  # type: ignore[no-untyped-def]
+    from onnax.cli import main
+
+    model = _build("mlp", np.float64)
+    source = tmp_path / "mlp.onnx"
+    ir.save(model, source)
+    feeds = _feeds(model)
+    store = run(onnax.grad(model, _weights(model)), feeds)
+    for flag in ("recompute", "MatMul,Gemm", "100"):
+        out = tmp_path / f"grad_{flag.replace(',', '_')}.onnx"
+        argv = ["grad", str(source), str(out), "--inputs", "x,w1", "--remat", flag, "--check"]
+        assert main(argv) == 0, flag
+        result = ir.load(out)
+        assert "Where" in {n.op_type for n in result.graph}, flag
+        got = run(result, feeds)
+        for key in ("grad_x", "grad_w1"):
+            np.testing.assert_allclose(got[key], store[key], rtol=1e-12, atol=1e-14)
+    out = tmp_path / "vjp.onnx"
+    assert main(["vjp", str(source), str(out), "--remat", "recompute"]) == 0
+    capsys.readouterr()
+    assert main(["grad", str(source), str(tmp_path / "bad.onnx"), "--remat", "MatMull"]) == 2
+    err = capsys.readouterr().err
+    assert "onnax grad: remat lists 'MatMull'" in err and "'MatMul'" in err, err
