@@ -99,7 +99,9 @@ def vjp(
             inputs, initializers and constants close to where the reverse sweep reads it;
             a list of op types (``["Conv", "MatMul", "Gemm"]``) stores those operators'
             outputs and recomputes the rest from them; an int is a byte budget for the stored
-            residuals. Less memory for more compute; the results are the same.
+            values, filled greedily with those most expensive to recompute per byte (MatMul,
+            Gemm, Conv outputs first; a value with a dynamic dimension has no static size and
+            is recomputed). Less memory for more compute; the results are the same.
 
     Returns:
         A new ``onnx_ir.Model`` built from ordinary ONNX operators.
@@ -148,7 +150,9 @@ def grad(
             inputs, initializers and constants close to where the reverse sweep reads it;
             a list of op types (``["Conv", "MatMul", "Gemm"]``) stores those operators'
             outputs and recomputes the rest from them; an int is a byte budget for the stored
-            residuals. Less memory for more compute; the results are the same.
+            values, filled greedily with those most expensive to recompute per byte (MatMul,
+            Gemm, Conv outputs first; a value with a dynamic dimension has no static size and
+            is recomputed). Less memory for more compute; the results are the same.
 
     Returns:
         A new ``onnx_ir.Model`` built from ordinary ONNX operators.

@@ -11,7 +11,8 @@ heads, sequence 128, causal attention and a 2048-wide MLP (``x * sigmoid(1.702 x
 embedded inputs. The loss is ``mean(y * y)``. Policies: ``store``, ``recompute``,
 ``["Conv", "MatMul", "Gemm"]`` and a budget of half the residual bytes that ``store`` keeps.
 
-Per model and policy it prints, at one onnxruntime thread (default optimization level), the
+Per model and policy it prints, at one onnxruntime thread (default optimization level, less
+``SkipLayerNormFusion``: see ``DISABLED``), the
 median time of one run over interleaved rounds, the node count, and the peak memory of the
 session's runs: the growth of the resident set's high-water mark over the resident set after
 loading (``/proc/self/clear_refs`` resets the mark), measured in a fresh process per policy with
@@ -38,11 +39,18 @@ from onnx import TensorProto, helper, numpy_helper
 
 from onnax.passes import GradPass
 
+DISABLED = ["SkipLayerNormFusion"]
+"""onnxruntime 1.32's SkipLayerNormFusion (ORT_ENABLE_EXTENDED and above) gave gradients 3 %
+off on the recompute model of the decoder (exact at ORT_ENABLE_BASIC, and with this fusion
+off; not reduced to a small case yet): off for every policy, so all run the same rewrites."""
+
 _MEMORY_CHILD = r"""
 import ctypes
 import sys
 import numpy as np
 import onnxruntime as ort
+
+DISABLED = ["SkipLayerNormFusion"]
 
 def status(key):
     with open("/proc/self/status") as f:
@@ -52,7 +60,9 @@ options = ort.SessionOptions()
 options.intra_op_num_threads = 1
 options.enable_cpu_mem_arena = False
 options.log_severity_level = 3
-sess = ort.InferenceSession(sys.argv[1], options, providers=["CPUExecutionProvider"])
+sess = ort.InferenceSession(
+    sys.argv[1], options, providers=["CPUExecutionProvider"], disabled_optimizers=DISABLED
+)
 feeds = dict(np.load(sys.argv[2]))
 # What session creation freed goes back to the system, so the runs' buffers show.
 ctypes.CDLL("libc.so.6").malloc_trim(0)
@@ -195,7 +205,9 @@ def _session(path: Path) -> ort.InferenceSession:
     options = ort.SessionOptions()
     options.intra_op_num_threads = 1
     options.log_severity_level = 3
-    return ort.InferenceSession(str(path), options, providers=["CPUExecutionProvider"])
+    return ort.InferenceSession(
+        str(path), options, providers=["CPUExecutionProvider"], disabled_optimizers=DISABLED
+    )
 
 
 def _peak(path: Path, feeds_path: Path) -> int:

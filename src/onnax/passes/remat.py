@@ -26,6 +26,14 @@ segments (``n`` forward nodes, as in Chen et al.'s sublinear checkpointing): the
 segment are shared by its backward nodes, so a value is recomputed once per segment that needs
 it, not once per reader.
 
+The policies: ``"recompute"`` keeps nothing but what is always kept (below); a list of op
+types keeps those operators' outputs too (``jax.checkpoint_policies.save_only_these_names``
+by operator); an int budget keeps, greedily, the forward values that cost most to recompute per
+byte stored (a ``MatMul``, ``Gemm`` or ``Conv`` output: its contracted size per element;
+anything else: one operation per element), the latest first among equals, while their static
+sizes fit in the budget (what is always kept is charged first). A value with a dynamic
+dimension has no static size: a budget never keeps it, it is recomputed.
+
 Always stored, whatever the policy: graph inputs, initializers, constants and shape arithmetic
 (values computed only from ``Shape``, ``Size`` and constants, which are small and cheap), graph
 outputs (alive to the end anyway), outputs of ``If``, ``Loop`` and ``Scan`` (a recomputed loop
@@ -360,10 +368,13 @@ class _Rewriter:
         if segment.cond is not None and not any(
             i is not None and i in segment.clones for i in node.inputs
         ):
-            # Reads only stored values: gate the smallest one so the clone is a node of its own.
+            # Reads only stored values: gate one so the clone is a node of its own. An
+            # activation rather than a weight: onnxruntime's fusions take a weight or bias for
+            # a constant (SkipLayerNormFusion gave a wrong result on a gated LayerNormalization
+            # scale), so weights stay initializers; the smallest among equals.
             present = [k for k, i in enumerate(inputs) if i is not None and i.dtype in _WHERE_TYPES]
             if present:
-                k = min(present, key=lambda j: _static_bytes(inputs[j]) or 1 << 62)  # type: ignore[arg-type]
+                k = min(present, key=lambda j: _gate_cost(inputs[j]))  # type: ignore[arg-type]
                 inputs[k] = self._gated(segment, inputs[k])  # type: ignore[arg-type]
         clone = ir.Node(
             node.domain,
@@ -390,6 +401,10 @@ class _Rewriter:
             segment.nodes.extend(self.em.take())
             segment.gated[value] = gated
         return gated
+
+
+def _gate_cost(value: ir.Value) -> tuple[bool, int]:
+    return (value.is_initializer(), _static_bytes(value) or 1 << 62)
 
 
 def _replace(use: _Use, new: ir.Value) -> None:
