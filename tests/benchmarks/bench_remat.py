@@ -17,7 +17,9 @@ median time of one run over interleaved rounds, the node count, and the peak mem
 session's runs: the growth of the resident set's high-water mark over the resident set after
 loading (``/proc/self/clear_refs`` resets the mark), measured in a fresh process per policy with
 onnxruntime's arena off and glibc's mmap threshold fixed at 64 KiB, so that the resident set
-follows the live buffers.
+follows the live buffers; once with onnxruntime's default execution order (``peak``) and once
+with ``ExecutionOrder.PRIORITY_BASED`` (``prio``): the default order computes some weight
+gradients late, which keeps their inputs alive and hides much of what recomputation saves.
 """
 
 from __future__ import annotations
@@ -60,6 +62,7 @@ options = ort.SessionOptions()
 options.intra_op_num_threads = 1
 options.enable_cpu_mem_arena = False
 options.log_severity_level = 3
+options.execution_order = getattr(ort.ExecutionOrder, sys.argv[3])
 sess = ort.InferenceSession(
     sys.argv[1], options, providers=["CPUExecutionProvider"], disabled_optimizers=DISABLED
 )
@@ -210,13 +213,13 @@ def _session(path: Path) -> ort.InferenceSession:
     )
 
 
-def _peak(path: Path, feeds_path: Path) -> int:
+def _peak(path: Path, feeds_path: Path, order: str = "DEFAULT") -> int:
     # A fixed mmap threshold: every large buffer is mapped on allocation and unmapped when
     # freed, so the resident set follows the live buffers (glibc's adaptive threshold would
     # keep freed buffers in the heap and hide the next ones).
     env = {**os.environ, "MALLOC_MMAP_THRESHOLD_": "65536"}
     out = subprocess.run(
-        [sys.executable, "-c", _MEMORY_CHILD, str(path), str(feeds_path)],
+        [sys.executable, "-c", _MEMORY_CHILD, str(path), str(feeds_path), order],
         env=env,
         capture_output=True,
         text=True,
@@ -268,14 +271,18 @@ def bench(name: str, model: ir.Model, rounds: int, scratch: Path) -> None:
                 assert error < 1e-4, (label, error)
     del sessions
     memory = {label: _peak(path, feeds_path) for label, path in paths.items()}
+    priority = {label: _peak(path, feeds_path, "PRIORITY_BASED") for label, path in paths.items()}
     print(f"\n{name}: residuals under store {residual / 2**20:.1f} MiB (static bytes)")
-    print(f"  {'policy':<22} {'ms':>9} {'x store':>8} {'peak MiB':>9} {'x store':>8} {'nodes':>6}")
-    t0, m0 = statistics.median(times["store"]), memory["store"]
+    print(
+        f"  {'policy':<20} {'ms':>8} {'x store':>8} {'peak MiB':>9} {'x store':>8} "
+        f"{'prio MiB':>9} {'x store':>8} {'nodes':>6}"
+    )
+    t0, m0, p0 = statistics.median(times["store"]), memory["store"], priority["store"]
     for label in policies:
-        t, m = statistics.median(times[label]), memory[label]
+        t, m, p = statistics.median(times[label]), memory[label], priority[label]
         print(
-            f"  {label:<22} {1e3 * t:9.1f} {t / t0:8.2f} {m / 2**20:9.1f} {m / m0:8.2f} "
-            f"{nodes[label]:6d}"
+            f"  {label:<20} {1e3 * t:8.1f} {t / t0:8.2f} {m / 2**20:9.1f} {m / m0:8.2f} "
+            f"{p / 2**20:9.1f} {p / p0:8.2f} {nodes[label]:6d}"
         )
 
 
