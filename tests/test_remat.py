@@ -454,3 +454,28 @@ def test_the_command_line_takes_remat(tmp_path, capsys) -> None:  # type: ignore
     assert main(["grad", str(source), str(tmp_path / "bad.onnx"), "--remat", "MatMull"]) == 2
     err = capsys.readouterr().err
     assert "onnax grad: remat lists 'MatMull'" in err and "'MatMul'" in err, err
+
+
+LOOP_LOSS = """
+loopy (float[3] x, float s0) => (float loss) {
+  t = Tanh(x)
+  n = Constant <value = int64 {3}> ()
+  c = Constant <value = bool {1}> ()
+  loss = Loop (n, c, s0) <body = b (int64 i, bool cin, float s) => (bool cout, float sn) {
+      cout = Identity(cin)
+      r = ReduceSum <keepdims = 0> (t)
+      m = Mul(s, r)
+      sn = Sin(m)
+  }>
+}"""
+
+
+def test_a_loss_made_by_a_loop() -> None:
+    """Reverse mode replaces the Loop producing the loss (it gains an iteration counter): the
+    first gate is the replacement's output, not the removed one's (the model did not load)."""
+    model = _model(LOOP_LOSS, {})
+    feeds = {"x": np.array([0.3, -0.2, 0.5], np.float32), "s0": np.array(0.7, np.float32)}
+    store = run(onnax.grad(model, ["x", "s0"]), feeds)
+    got = run(onnax.grad(model, ["x", "s0"], remat="recompute"), feeds)
+    for key, want in store.items():
+        np.testing.assert_array_equal(got[key], want, err_msg=key)

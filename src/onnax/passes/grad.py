@@ -131,5 +131,7 @@ class GradPass(ir.passes.FunctionalPass):
         cts = transpose_linear(model, lin, [(y, seed)], xs)
         append_outputs(em, graph, claims, prefix, list(zip(xs, cts, strict=True)), "grad")
         accumulate_in_float(model, primal, self.accumulate)
-        self.remat_stats = rematerialize(model, [seed], self.remat, y)
+        # A control-flow rule may have replaced the node producing the loss (see transpose).
+        loss = lin.replaced.get(y, y)
+        self.remat_stats = rematerialize(model, [seed], self.remat, loss)
         return ir.passes.PassResult(cleanup(model), modified=True)
