@@ -265,10 +265,11 @@ def bench(name: str, model: ir.Model, rounds: int, scratch: Path) -> None:
             out = sess.run(None, feeds)
             times[label].append(time.perf_counter() - start)
             for got, want in zip(out, reference, strict=True):
-                # float32 sums in another order (a fusion taken by a clone or not): relative
-                # to the norm of each gradient.
+                # float32 sums in another order (a fusion such as Conv+BatchNormalization
+                # taken by the forward copy and not by a clone): relative to each gradient's
+                # norm. The tests check exactness where onnxruntime rewrites nothing.
                 error = np.linalg.norm(got - want) / max(np.linalg.norm(want), 1e-30)
-                assert error < 1e-4, (label, error)
+                assert error < 1e-3, (label, error)
     del sessions
     memory = {label: _peak(path, feeds_path) for label, path in paths.items()}
     priority = {label: _peak(path, feeds_path, "PRIORITY_BASED") for label, path in paths.items()}
