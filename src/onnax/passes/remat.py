@@ -369,9 +369,9 @@ class _Rewriter:
             i is not None and i in segment.clones for i in node.inputs
         ):
             # Reads only stored values: gate one so the clone is a node of its own. An
-            # activation rather than a weight: onnxruntime's fusions take a weight or bias for
-            # a constant (SkipLayerNormFusion gave a wrong result on a gated LayerNormalization
-            # scale), so weights stay initializers; the smallest among equals.
+            # activation rather than a weight: a weight stays an initializer, so onnxruntime's
+            # rewrites that want constant weights (prepacking, Conv+BatchNormalization folding,
+            # bias fusions) still apply to the clone; the smallest among equals.
             present = [k for k, i in enumerate(inputs) if i is not None and i.dtype in _WHERE_TYPES]
             if present:
                 k = min(present, key=lambda j: _gate_cost(inputs[j]))  # type: ignore[arg-type]
