@@ -10,6 +10,7 @@ from onnax.core.batching import RandomnessPolicy
 from onnax.passes import GradPass, JvpPass, VjpPass
 from onnax.passes.accumulate import Accumulate
 from onnax.passes.derived import HessianPass, JacfwdPass, JacrevPass
+from onnax.passes.remat import Remat
 from onnax.passes.stop_gradient import StopGradient
 from onnax.passes.unroll import UnrollPass
 from onnax.passes.vmap import AxisSpec, VmapPass
@@ -69,6 +70,7 @@ def vjp(
     outputs: str | Sequence[str] | None = None,
     accumulate: Accumulate = "model",
     stop_gradient: StopGradient = None,
+    remat: Remat = "store",
 ) -> ir.Model:
     """Reverse mode: a model that also computes vector-Jacobian products.
 
@@ -92,6 +94,14 @@ def vjp(
             it. Values inside subgraphs cannot be named. Stopped inputs leave the default
             ``inputs``; naming a value in both is an error. A transform of the result (``jvp``
             of a ``grad`` model, say) needs the names again: each call stops only its own.
+        remat: Rematerialization, like ``jax.checkpoint``: ``"store"`` (default) keeps every
+            residual the reverse sweep reads; ``"recompute"`` recomputes each of them from the
+            inputs, initializers and constants close to where the reverse sweep reads it;
+            a list of op types (``["Conv", "MatMul", "Gemm"]``) stores those operators'
+            outputs and recomputes the rest from them; an int is a byte budget for the stored
+            values, filled greedily with those most expensive to recompute per byte (MatMul,
+            Gemm, Conv outputs first; a value with a dynamic dimension has no static size and
+            is recomputed). Less memory for more compute; the results are the same.
 
     Returns:
         A new ``onnx_ir.Model`` built from ordinary ONNX operators.
@@ -100,9 +110,10 @@ def vjp(
         SelectionError: A name is unknown or not floating point.
             Or a ``stop_gradient`` name is unknown or also a selected input.
         UnsupportedOperatorError: A derivative reaches an operator without a rule.
+        RematError: ``remat`` is not a policy (unknown op type, negative budget, wrong type).
         InvalidModelError: The model fails ``onnx.checker`` or its opset is not supported.
     """
-    return VjpPass(inputs, outputs, accumulate, stop_gradient)(model).model
+    return VjpPass(inputs, outputs, accumulate, stop_gradient, remat)(model).model
 
 
 def grad(
@@ -111,6 +122,7 @@ def grad(
     output: str | None = None,
     accumulate: Accumulate = "model",
     stop_gradient: StopGradient = None,
+    remat: Remat = "store",
 ) -> ir.Model:
     """The gradient of one rank-0 output, with an implicit unit seed.
 
@@ -133,6 +145,14 @@ def grad(
             it. Values inside subgraphs cannot be named. Stopped inputs leave the default
             ``inputs``; naming a value in both is an error. A transform of the result (``jvp``
             of a ``grad`` model, say) needs the names again: each call stops only its own.
+        remat: Rematerialization, like ``jax.checkpoint``: ``"store"`` (default) keeps every
+            residual the reverse sweep reads; ``"recompute"`` recomputes each of them from the
+            inputs, initializers and constants close to where the reverse sweep reads it;
+            a list of op types (``["Conv", "MatMul", "Gemm"]``) stores those operators'
+            outputs and recomputes the rest from them; an int is a byte budget for the stored
+            values, filled greedily with those most expensive to recompute per byte (MatMul,
+            Gemm, Conv outputs first; a value with a dynamic dimension has no static size and
+            is recomputed). Less memory for more compute; the results are the same.
 
     Returns:
         A new ``onnx_ir.Model`` built from ordinary ONNX operators.
@@ -141,9 +161,10 @@ def grad(
         SelectionError: The output is not a rank-0 float, or there is no unique default.
             Or a ``stop_gradient`` name is unknown or also a selected input.
         UnsupportedOperatorError: A derivative reaches an operator without a rule.
+        RematError: ``remat`` is not a policy (unknown op type, negative budget, wrong type).
         InvalidModelError: The model fails ``onnx.checker`` or its opset is not supported.
     """
-    return GradPass(inputs, output, accumulate, stop_gradient)(model).model
+    return GradPass(inputs, output, accumulate, stop_gradient, remat)(model).model
 
 
 def vmap(

@@ -47,14 +47,30 @@ def _apply(args: argparse.Namespace, model: ir.Model) -> ir.Model:
     # passed only when given, so the API's own default stands otherwise
     extra = {"stop_gradient": stop} if stop else {}
     if args.command == "grad":
-        return api.grad(model, inputs, args.output, args.accumulate, **extra)
-    if args.command in ("jvp", "vjp"):
-        transform_acc: Callable[..., ir.Model] = getattr(api, args.command)
-        return transform_acc(model, inputs, names(args.outputs), args.accumulate, **extra)
+        return api.grad(model, inputs, args.output, args.accumulate, **extra, **_remat(args))
+    if args.command == "vjp":
+        return api.vjp(model, inputs, names(args.outputs), args.accumulate, **extra, **_remat(args))
+    if args.command == "jvp":
+        return api.jvp(model, inputs, names(args.outputs), args.accumulate, **extra)
     if args.command == "hessian":
         return api.hessian(model, inputs, args.output, **extra)
     transform: Callable[..., ir.Model] = getattr(api, args.command)
     return transform(model, inputs, names(args.outputs), **extra)
+
+
+def parse_remat(text: str) -> str | list[str] | int:
+    """``--remat``: ``store``, ``recompute``, an int byte budget or comma-separated op types."""
+    text = text.strip()
+    if text in ("store", "recompute"):
+        return text
+    if text.lstrip("-").isdigit():
+        return int(text)
+    return [op.strip() for op in text.split(",") if op.strip()]
+
+
+def _remat(args: argparse.Namespace) -> dict[str, Any]:
+    # passed only when given, so the API's own default stands otherwise
+    return {"remat": parse_remat(args.remat)} if args.remat is not None else {}
 
 
 def run_transform(args: argparse.Namespace, progress: Progress) -> int:
@@ -173,6 +189,13 @@ def register(sub: Any, common: argparse.ArgumentParser) -> None:
                 choices=["model", "float32"],
                 help="arithmetic of FLOAT16/BFLOAT16 derivatives: the model's types (default) or "
                 "sums (reductions, MatMul, Conv, scatter-adds) in float32",
+            )
+        if name in ("grad", "vjp"):
+            p.add_argument(
+                "--remat",
+                help="rematerialization of the reverse sweep's residuals (like jax.checkpoint): "
+                "store (default), recompute, comma-separated op types whose outputs are stored "
+                "(Conv,MatMul,Gemm), or a budget in bytes for the stored residuals",
             )
         if name == "vmap":
             p.add_argument(

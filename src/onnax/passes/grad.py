@@ -16,6 +16,7 @@ from onnax.passes.cleanup import cleanup
 from onnax.passes.linearize import linearize
 from onnax.passes.outputs import append_outputs
 from onnax.passes.prepare import prepare
+from onnax.passes.remat import Remat, RematStats, check_remat, rematerialize
 from onnax.passes.stop_gradient import StopGradient, resolve_stops, without_stopped
 from onnax.passes.transpose import transpose_linear
 
@@ -86,6 +87,13 @@ class GradPass(ir.passes.FunctionalPass):
             whose derivative is treated as zero, like ``jax.lax.stop_gradient``: the primal is
             unchanged, no tangent or cotangent flows through them. Stopped inputs leave the
             default ``inputs``; naming one in ``inputs`` as well is an error.
+        remat: Which residuals the reverse sweep reads stored and which it recomputes, like
+            ``jax.checkpoint``: ``"store"`` (default) keeps every one; ``"recompute"`` keeps
+            none but the inputs, initializers, constants, shape arithmetic and the outputs of
+            If/Loop/Scan and random nodes; a list of op types (``["Conv", "MatMul", "Gemm"]``)
+            also keeps those operators' outputs; an int is a budget in bytes for the stored
+            residuals, filled greedily by recompute cost per byte (see
+            :mod:`onnax.passes.remat`).
     """
 
     def __init__(
@@ -94,12 +102,15 @@ class GradPass(ir.passes.FunctionalPass):
         output: str | None = None,
         accumulate: Accumulate = "model",
         stop_gradient: StopGradient = None,
+        remat: Remat = "store",
     ) -> None:
         super().__init__()
         self.inputs = inputs
         self.output = output
         self.accumulate = check_accumulate(accumulate, "grad")
         self.stop_gradient = stop_gradient
+        self.remat = check_remat(remat, "grad")
+        self.remat_stats = RematStats()
 
     @gc_paused
     def call(self, model: ir.Model) -> ir.passes.PassResult:
@@ -120,4 +131,7 @@ class GradPass(ir.passes.FunctionalPass):
         cts = transpose_linear(model, lin, [(y, seed)], xs)
         append_outputs(em, graph, claims, prefix, list(zip(xs, cts, strict=True)), "grad")
         accumulate_in_float(model, primal, self.accumulate)
+        # A control-flow rule may have replaced the node producing the loss (see transpose).
+        loss = lin.replaced.get(y, y)
+        self.remat_stats = rematerialize(model, [seed], self.remat, loss)
         return ir.passes.PassResult(cleanup(model), modified=True)

@@ -15,6 +15,7 @@ from onnax.passes.cleanup import cleanup
 from onnax.passes.linearize import linearize
 from onnax.passes.outputs import append_outputs, input_like
 from onnax.passes.prepare import prepare
+from onnax.passes.remat import Remat, RematStats, check_remat, rematerialize
 from onnax.passes.stop_gradient import StopGradient, resolve_stops, without_stopped
 from onnax.passes.transpose import transpose_linear
 
@@ -39,6 +40,13 @@ class VjpPass(ir.passes.FunctionalPass):
             whose derivative is treated as zero, like ``jax.lax.stop_gradient``: the primal is
             unchanged, no tangent or cotangent flows through them. Stopped inputs leave the
             default ``inputs``; naming one in ``inputs`` as well is an error.
+        remat: Which residuals the reverse sweep reads stored and which it recomputes, like
+            ``jax.checkpoint``: ``"store"`` (default) keeps every one; ``"recompute"`` keeps
+            none but the inputs, initializers, constants, shape arithmetic and the outputs of
+            If/Loop/Scan and random nodes; a list of op types (``["Conv", "MatMul", "Gemm"]``)
+            also keeps those operators' outputs; an int is a budget in bytes for the stored
+            residuals, filled greedily by recompute cost per byte (see
+            :mod:`onnax.passes.remat`).
     """
 
     def __init__(
@@ -47,12 +55,15 @@ class VjpPass(ir.passes.FunctionalPass):
         outputs: str | Sequence[str] | None = None,
         accumulate: Accumulate = "model",
         stop_gradient: StopGradient = None,
+        remat: Remat = "store",
     ) -> None:
         super().__init__()
         self.inputs = inputs
         self.outputs = outputs
         self.accumulate = check_accumulate(accumulate, "vjp")
         self.stop_gradient = stop_gradient
+        self.remat = check_remat(remat, "vjp")
+        self.remat_stats = RematStats()
 
     @gc_paused
     def call(self, model: ir.Model) -> ir.passes.PassResult:
@@ -79,4 +90,5 @@ class VjpPass(ir.passes.FunctionalPass):
             Emitter(lin.opset), graph, claims, prefix, list(zip(xs, cts, strict=True)), "vjp"
         )
         accumulate_in_float(model, primal, self.accumulate)
+        self.remat_stats = rematerialize(model, [s for _, s in seeds], self.remat, seeds[0][1])
         return ir.passes.PassResult(cleanup(model), modified=True)
