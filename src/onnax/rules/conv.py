@@ -51,10 +51,10 @@ from onnax.core.diagnostics import node_label, op_label
 from onnax.core.emit import Emitter
 from onnax.core.registry import Args, BatchResult, OpRules, Tangents
 from onnax.errors import UnsupportedOperatorError
+from onnax.rules._conv_grad import weight_gradient
 from onnax.rules._patterns import attributes_of
 from onnax.rules._windows import (
     Param,
-    Window,
     conv_transpose_window,
     conv_window,
     correlate,
@@ -76,36 +76,6 @@ __all__: list[str] = []
 
 
 # ------------------------------------------------------------------------ backward passes
-def weight_gradient(
-    em: Emitter,
-    inp: ir.Value,
-    inp_like: ir.Value,
-    grad: ir.Value,
-    win: Window,
-    group: int,
-    rank: int,
-) -> ir.Value:
-    """``sum_{n,o} grad[n, m, o] * inp_padded[n, group(m) * Cg + c, o * s + q * d]``.
-
-    ``inp`` is ``[N, Cin, size_in]`` (with the shape of ``inp_like``), ``grad`` is
-    ``[N, Cout, size_out]``; the result ``[Cout, Cin/g, kernel]`` is one Conv of ``inp`` with
-    its batch and channel axes exchanged (channels of group ``j`` batched as ``[Cin/g, g * N]``)
-    and ``grad`` (likewise ``[Cout, N, size_out]``) as the kernel, with ``group = g`` and the
-    stride and dilation swapped. With tight pads its spatial size is exactly the kernel's.
-    """
-    swap = [1, 0, *range(2, rank)]
-    if group == 1:
-        xt = em.transpose(inp, swap)  # [Cin, N, D]
-    else:
-        lead, spatial = dims_of(em, inp_like, [0]), spatial_dims(em, inp_like, rank)
-        split = em.op("Reshape", [inp, int_vector(em, [*lead, group, -1, *spatial])])
-        grouped = em.transpose(split, [2, 1, 0, *range(3, rank + 1)])  # [Cg, g, N, D]
-        xt = em.op("Reshape", [grouped, int_vector(em, [0, -1, *spatial])])  # [Cg, g*N, D]
-    kernel = em.transpose(grad, swap)  # [Cout, N, O]
-    out = correlate(em, xt, kernel, win.swapped(), group, rank)  # [Cg, Cout, k]
-    return em.transpose(out, swap)
-
-
 def _bias_broadcast(em: Emitter, tb: ir.Value, y: ir.Value, rank: int) -> ir.Value:
     """A bias tangent ``[M]`` broadcast to the output ``[N, M, ...]``."""
     return em.op("Expand", [em.unsqueeze(tb, [0, *range(2, rank)]), em.shape(y)])
@@ -237,7 +207,7 @@ def _conv_transpose(
             scaled, weight = _fold_channel_scale(em, ct, w)
             results[0] = correlate_adjoint(em, scaled, weight, win, group, rank)
         if linear[1]:
-            results[1] = weight_gradient(em, x, x, ct, win, group, rank)
+            results[1] = weight_gradient(em, x, x, ct, w, win, group, rank)
     if len(linear) > 2 and linear[2]:
         results[2] = _bias_cotangent(em, ct, rank)
     return results
@@ -259,7 +229,7 @@ def _conv_transpose_transpose(
         if linear[0]:
             results[0] = correlate(em, ct, w, win, group, rank)
         if linear[1]:
-            results[1] = weight_gradient(em, ct, node.outputs[0], x, win, group, rank)
+            results[1] = weight_gradient(em, ct, node.outputs[0], x, w, win, group, rank)
     if len(linear) > 2 and linear[2]:
         results[2] = _bias_cotangent(em, ct, rank)
     return results
