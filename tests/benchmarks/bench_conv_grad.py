@@ -79,13 +79,18 @@ def _session(model: onnx.ModelProto) -> ort.InferenceSession:
     )
 
 
+SHAPES: dict[str, list[int]] = {}
+"""The static shapes of ``x`` and ``g`` of the case being built: onnxruntime's layout
+transformations (NCHWc) depend on them, so the forms are timed with them declared."""
+
+
 def _model(nodes: list[onnx.NodeProto], inits: list[onnx.TensorProto]) -> onnx.ModelProto:
     graph = helper.make_graph(
         nodes,
         "wg",
         [
-            helper.make_tensor_value_info("x", F, None),
-            helper.make_tensor_value_info("g", F, None),
+            helper.make_tensor_value_info("x", F, SHAPES.get("x")),
+            helper.make_tensor_value_info("g", F, SHAPES.get("g")),
         ],
         [helper.make_tensor_value_info("dw", F, None)],
         inits,
@@ -218,6 +223,27 @@ def form_im2col(n: int, c: int, m: int, h: int, kd: Kind, groups: int) -> onnx.M
     return _model(nodes, inits)
 
 
+def form_im2col3d(n: int, c: int, m: int, h: int, kd: Kind, groups: int) -> onnx.ModelProto:
+    """The one-hot im2col as a 3-D Conv over a unit axis (onnxruntime does not reorder it to
+    its blocked NCHWc layout, which pads the K output channels to 16 and reorders back)."""
+    kk = kd.k * kd.k
+    onehot = np.eye(kk, dtype=np.float32).reshape(kk, 1, 1, kd.k, kd.k)
+    inits = [
+        numpy_helper.from_array(onehot, "onehot"),
+        _ints("single", [-1, 1, 1, h, h]),
+        _ints("cols", [n, c * kk, -1]),
+    ]
+    nodes = [
+        helper.make_node("Reshape", ["x", "single"], ["xs"]),
+        helper.make_node(
+            "Conv", ["xs", "onehot"], ["pc"], strides=[1] + [kd.s] * 2, pads=[0, kd.p, kd.p] * 2
+        ),
+        helper.make_node("Reshape", ["pc", "cols"], ["cl"]),
+    ]
+    _grouped_product(nodes, inits, "cl", n, c, m, kd, groups)
+    return _model(nodes, inits)
+
+
 def _shifted_slices(
     nodes: list[onnx.NodeProto], inits: list[onnx.TensorProto], h: int, kd: Kind
 ) -> list[str]:
@@ -307,6 +333,7 @@ FORMS: dict[str, Callable[..., onnx.ModelProto]] = {
     "matmul": form_matmul,
     "matmul_flat": form_matmul_flat,
     "im2col": form_im2col,
+    "im2col3d": form_im2col3d,
     "slices": form_slices,
     "mulsum": form_mulsum,
 }
@@ -316,8 +343,8 @@ def forms_for(kd: Kind) -> list[str]:
     if kd.k == 1:
         return ["conv", "matmul"] + (["matmul_flat"] if kd.s == 1 else [])
     if kd.g == 0:
-        return ["conv", "im2col", "im2col_dw", "slices", "mulsum"]
-    return ["conv", "im2col", "slices"]
+        return ["conv", "im2col", "im2col3d", "im2col_dw", "slices", "mulsum"]
+    return ["conv", "im2col", "im2col3d", "slices"]
 
 
 def _interleaved(fns: dict[str, Callable[[], object]], rounds: int) -> dict[str, float]:
@@ -347,6 +374,7 @@ def bench_forms(
                 x = rng.standard_normal((n, c, h, h)).astype(np.float32)
                 g = rng.standard_normal((n, m, ho, ho)).astype(np.float32)
                 feeds = {"x": x, "g": g}
+                SHAPES.update(x=list(x.shape), g=list(g.shape))
                 runs: dict[str, Callable[[], object]] = {}
                 ref = None
                 for form in forms_for(kd):
@@ -357,7 +385,7 @@ def bench_forms(
                     else:
                         err = float(np.abs(out - ref).max() / (np.abs(ref).max() + 1e-30))
                         assert err < 1e-4, (name, form, err)
-                    runs[form] = lambda sess=sess: sess.run(None, feeds)
+                    runs[form] = lambda sess=sess, feeds=feeds: sess.run(None, feeds)
                 med = _interleaved(runs, rounds)
                 base = med["conv"]
                 cells = "  ".join(f"{f}={1e3 * t:8.2f} ({base / t:5.2f}x)" for f, t in med.items())
@@ -412,6 +440,19 @@ def resnet_block(n: int, c: int = 64, h: int = 28) -> ir.Model:
     return ir.from_proto(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 18)]))
 
 
+def _classic_grad(model: ir.Model, weights: list[str]) -> ir.Model:
+    """``onnax.grad`` with every weight gradient in the classic form (the form before)."""
+    import onnax
+    from onnax.rules import _conv_grad
+
+    chosen = _conv_grad.choose_form
+    _conv_grad.choose_form = lambda *args: "classic"  # type: ignore[assignment]
+    try:
+        return onnax.grad(model, weights)
+    finally:
+        _conv_grad.choose_form = chosen  # type: ignore[assignment]
+
+
 def bench_block(batches: Sequence[int], rounds: int) -> None:
     import onnax
 
@@ -419,24 +460,28 @@ def bench_block(batches: Sequence[int], rounds: int) -> None:
     for n in batches:
         model = resnet_block(n)
         weights = [v.name for v in model.graph.initializers.values() if v.name != "r"]
-        gm = onnax.grad(model, weights)
+        models = {"classic": _classic_grad(model, weights), "new": onnax.grad(model, weights)}
         x = np.random.default_rng(2).standard_normal((n, 64, 28, 28)).astype(np.float32)
         feeds = {"x": x}
-        primal = _session(ir.to_proto(model))
-        grad = _session(ir.to_proto(gm))
+        sessions = {"primal": _session(ir.to_proto(model))}
+        sessions.update({k: _session(ir.to_proto(m)) for k, m in models.items()})
+        outs = {k: s.run(None, feeds) for k, s in sessions.items()}
+        for a, b in zip(outs["classic"], outs["new"], strict=True):
+            assert np.allclose(a, b, rtol=1e-3, atol=1e-3 * float(np.abs(a).max()))
         med = _interleaved(
-            {
-                "primal": lambda: primal.run(None, feeds),
-                "grad": lambda: grad.run(None, feeds),
-            },
-            rounds,
+            {k: (lambda s=s, f=feeds: s.run(None, f)) for k, s in sessions.items()}, rounds
         )
-        ops = [node.op_type for node in gm.graph]
+        cells = []
+        for k, m in models.items():
+            ops = [node.op_type for node in m.graph]
+            cells.append(
+                f"{k}: {1e3 * med[k]:.2f} ms = {med[k] / med['primal']:.2f} x primal, "
+                f"{len(ops)} nodes (Conv {ops.count('Conv')}, MatMul {ops.count('MatMul')})"
+            )
         print(
-            f"N={n}: primal {1e3 * med['primal']:.2f} ms, grad {1e3 * med['grad']:.2f} ms, "
-            f"grad/primal {med['grad'] / med['primal']:.2f}; grad nodes {len(ops)} "
-            f"(Conv {ops.count('Conv')}, ConvTranspose {ops.count('ConvTranspose')}, "
-            f"MatMul {ops.count('MatMul')}, Gemm {ops.count('Gemm')})",
+            f"N={n}: primal {1e3 * med['primal']:.2f} ms; "
+            + "; ".join(cells)
+            + f"; classic/new {med['classic'] / med['new']:.2f}",
             flush=True,
         )
 

@@ -92,20 +92,36 @@ def weight_gradient(
     Returns:
         The weight gradient, in the fastest form for the case (module doc).
     """
+    form = choose_form(win, weight, inp_like, group, rank)
     kernel = [k for k in win.kernel if isinstance(k, int)]
-    static_kernel = len(kernel) == rank - 2
-    begin = [b for b in win.begin if isinstance(b, int)]
-    if static_kernel and all(k == 1 for k in kernel) and begin == [0] * (rank - 2):
+    if form == "pointwise":
         return _pointwise(em, inp, grad, weight, win, group, rank)
-    if not static_kernel:
-        return _classic(em, inp, inp_like, grad, win, group, rank)
-    small = int(np.prod(kernel)) <= _DEPTHWISE_MAX_TAPS
-    if small and _is_depthwise(weight, inp_like, group) and _static_pads(win):
+    if form == "depthwise":
         return _depthwise_shifts(em, inp, grad, win, kernel, rank)
-    out = [o for o in win.size_out if isinstance(o, int)]
-    if len(out) < rank - 2 or int(np.prod(out)) >= _IM2COL_MIN_POSITIONS:
+    if form == "im2col":
         return _im2col(em, inp, inp_like, grad, weight, win, kernel, group, rank)
     return _classic(em, inp, inp_like, grad, win, group, rank)
+
+
+def choose_form(win: Window, weight: ir.Value, inp_like: ir.Value, group: int, rank: int) -> str:
+    """The form of the weight gradient (module doc).
+
+    One of ``pointwise``, ``depthwise``, ``im2col`` or ``classic``. The benchmark patches it to
+    time the classic form in the same process.
+    """
+    kernel = [k for k in win.kernel if isinstance(k, int)]
+    if len(kernel) < rank - 2:
+        return "classic"  # a symbolic kernel size
+    begin = [b for b in win.begin if isinstance(b, int)]
+    if all(k == 1 for k in kernel) and begin == [0] * (rank - 2):
+        return "pointwise"
+    small = int(np.prod(kernel)) <= _DEPTHWISE_MAX_TAPS
+    if small and _is_depthwise(weight, inp_like, group) and _static_pads(win):
+        return "depthwise"
+    out = [o for o in win.size_out if isinstance(o, int)]
+    if len(out) < rank - 2 or int(np.prod(out)) >= _IM2COL_MIN_POSITIONS:
+        return "im2col"
+    return "classic"
 
 
 def _static_pads(win: Window) -> bool:
@@ -198,10 +214,26 @@ def _im2col(
     size = int(np.prod(kernel))
     dtype = weight.dtype or inp_like.dtype
     assert dtype is not None
-    one_hot = np.eye(size, dtype=dtype.numpy()).reshape(size, 1, *kernel)
     spatial = spatial_dims(em, inp_like, rank)
-    single = em.op("Reshape", [inp, int_vector(em, [-1, 1, *spatial])])  # [N*C, 1, D]
-    cols = correlate(em, single, em.const(one_hot), win, 1, rank)  # [N*C, K, O]
+    if rank == 4:
+        # onnxruntime reorders a 2-D Conv with a constant weight into its blocked layout
+        # (NCHWc), padding the K output channels to 16 and reordering them back, which costs
+        # as much as the extraction itself; it keeps a 3-D Conv (a unit axis added) as it is.
+        unit = [1]
+        win = Window(
+            [1, *win.size_in],
+            [1, *win.size_out],
+            [1, *win.kernel],
+            [1, *win.strides],
+            [1, *win.dilations],
+            [0, *win.begin],
+            [0, *win.end],
+        )
+    else:
+        unit = []
+    one_hot = np.eye(size, dtype=dtype.numpy()).reshape(size, 1, *unit, *kernel)
+    single = em.op("Reshape", [inp, int_vector(em, [-1, 1, *unit, *spatial])])  # [N*C, 1, D]
+    cols = correlate(em, single, em.const(one_hot), win, 1, rank + len(unit))  # [N*C, K, O]
     n, c = dims_of(em, inp_like, [0, 1])
     if group == 1:
         layout: list[Param] = [n, size_mul(em, c, size), -1]  # [N, C*K, P]
