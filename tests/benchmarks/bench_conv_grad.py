@@ -486,6 +486,72 @@ def bench_block(batches: Sequence[int], rounds: int) -> None:
         )
 
 
+# ------------------------------------------------------------ Linear weight gradients
+def _linear_model(nodes: list[onnx.NodeProto], x: list[int], g: list[int]) -> onnx.ModelProto:
+    h, o = x[-1], g[-1]
+    inits = [_ints("ax0", [0]), _ints("fx", [-1, h]), _ints("fg", [-1, o])]
+    graph = helper.make_graph(
+        nodes,
+        "lin",
+        [helper.make_tensor_value_info("x", F, x), helper.make_tensor_value_info("g", F, g)],
+        [helper.make_tensor_value_info("dw", F, [h, o])],
+        inits,
+    )
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 18)])
+
+
+LINEAR_FORMS: dict[str, list[onnx.NodeProto]] = {
+    # x [B, S, H], g [B, S, O] -> dW [H, O] = sum_{b,s} x[b,s,:]ᵀ g[b,s,:]
+    "batched": [
+        helper.make_node("Transpose", ["x"], ["xt"], perm=[0, 2, 1]),
+        helper.make_node("MatMul", ["xt", "g"], ["p"]),
+        helper.make_node("ReduceSum", ["p", "ax0"], ["dw"], keepdims=0),
+    ],
+    "flat_gemm": [
+        helper.make_node("Reshape", ["x", "fx"], ["xf"]),
+        helper.make_node("Reshape", ["g", "fg"], ["gf"]),
+        helper.make_node("Gemm", ["xf", "gf"], ["dw"], transA=1),
+    ],
+    "flat_matmul": [
+        helper.make_node("Reshape", ["x", "fx"], ["xf"]),
+        helper.make_node("Reshape", ["g", "fg"], ["gf"]),
+        helper.make_node("Transpose", ["xf"], ["xt"], perm=[1, 0]),
+        helper.make_node("MatMul", ["xt", "gf"], ["dw"]),
+    ],
+}
+
+
+def bench_linear(rounds: int) -> None:
+    """Weight gradients of Linear layers: 2-D (Transpose + MatMul against Gemm transA) and over
+    ``[B, S, H]`` (a batched MatMul summed over B against one flattened product)."""
+    print("== Linear weight gradient dW = xᵀ g, ms (median), ratio batched/form ==")
+    rng = np.random.default_rng(0)
+    for b, s_, h, o in [
+        (1, 8, 512, 512),
+        (8, 1, 512, 512),
+        (1, 128, 512, 2048),
+        (8, 128, 512, 512),
+        (8, 128, 512, 2048),
+        (8, 197, 384, 1536),
+        (32, 16, 64, 64),
+    ]:
+        x = rng.standard_normal((b, s_, h)).astype(np.float32)
+        g = rng.standard_normal((b, s_, o)).astype(np.float32)
+        feeds = {"x": x, "g": g}
+        runs: dict[str, Callable[[], object]] = {}
+        ref = None
+        for form, nodes in LINEAR_FORMS.items():
+            sess = _session(_linear_model(nodes, list(x.shape), list(g.shape)))
+            out = sess.run(None, feeds)[0]
+            ref = out if ref is None else ref
+            assert np.allclose(out, ref, rtol=1e-3, atol=1e-3 * float(np.abs(ref).max()))
+            runs[form] = lambda sess=sess, feeds=feeds: sess.run(None, feeds)
+        med = _interleaved(runs, rounds)
+        base = med["batched"]
+        cells = "  ".join(f"{f}={1e3 * t:7.2f} ({base / t:5.2f}x)" for f, t in med.items())
+        print(f"B={b:2d} S={s_:3d} H={h:4d} O={o:4d}  {cells}", flush=True)
+
+
 TORCH_SNIPPET = r"""
 import json, statistics, sys, time
 import torch
@@ -545,6 +611,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--sizes", default="56x64,28x128,14x256,7x512")
     parser.add_argument("--no-forms", action="store_true", help="skip the subgraph forms")
     parser.add_argument("--no-block", action="store_true", help="skip onnax.grad of the block")
+    parser.add_argument("--no-linear", action="store_true", help="skip the Linear forms")
     parser.add_argument("--torch-python", default=None)
     args = parser.parse_args(argv)
     batches = [int(b) for b in args.batches.split(",")]
@@ -554,6 +621,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         bench_forms(kinds, sizes, batches, args.rounds)
     if not args.no_block:
         bench_block(batches, args.rounds)
+    if not args.no_linear:
+        bench_linear(args.rounds)
     if args.torch_python:
         bench_torch(args.torch_python, kinds, sizes, batches, args.rounds)
     return 0
