@@ -486,6 +486,86 @@ def bench_block(batches: Sequence[int], rounds: int) -> None:
         )
 
 
+# ------------------------------------------------------------------ data gradients
+def _data_model(
+    nodes: list[onnx.NodeProto], w: np.ndarray, g: list[int], x: list[int]
+) -> onnx.ModelProto:
+    graph = helper.make_graph(
+        nodes,
+        "dx",
+        [helper.make_tensor_value_info("g", F, g)],
+        [helper.make_tensor_value_info("dx", F, x)],
+        [
+            numpy_helper.from_array(w, "w"),
+            numpy_helper.from_array(w[:, :, ::-1, ::-1].transpose(1, 0, 2, 3).copy(), "wf"),
+        ],
+    )
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 18)])
+
+
+def bench_data(sizes: Sequence[tuple[int, int]], batches: Sequence[int], rounds: int) -> None:
+    """The data gradient of a strided 3x3 Conv (pads 1, stride 2): the ConvTranspose against
+    zeros inserted between the cotangent's elements and a stride-1 Conv with the flipped
+    weight; and of a stride-1 3x3 Conv: the flipped Conv against the ConvTranspose."""
+    print("== data gradient, ms (median), ratio ConvTranspose/form ==")
+    rng = np.random.default_rng(0)
+    for h, c in sizes:
+        for n in batches:
+            w = (rng.standard_normal((c, c, 3, 3)) / 30).astype(np.float32)
+            for s_ in (2, 1):
+                ho = (h + 2 - 3) // s_ + 1
+                g = rng.standard_normal((n, c, ho, ho)).astype(np.float32)
+                xs = [n, c, h, h]
+                forms = {
+                    # The end pad that gives back exactly h (the tail no window reads).
+                    "convT": [
+                        helper.make_node(
+                            "ConvTranspose",
+                            ["g", "w"],
+                            ["dx"],
+                            strides=[s_, s_],
+                            pads=[1, 1, 1 - (h - 1) % s_, 1 - (h - 1) % s_],
+                        )
+                    ],
+                }
+                if s_ == 1:
+                    forms["flipped"] = [
+                        helper.make_node("Conv", ["g", "wf"], ["dx"], pads=[1, 1, 1, 1])
+                    ]
+                else:
+                    # [N,M,Ho,1,Wo,1] padded to [N,M,Ho,2,Wo,2]: the zeros between the elements.
+                    forms["zeros_flipped"] = [
+                        helper.make_node("Reshape", ["g", "s6"], ["g6"]),
+                        helper.make_node("Pad", ["g6", "p6"], ["z6"]),
+                        helper.make_node("Reshape", ["z6", "s4"], ["z"]),
+                        helper.make_node(
+                            "Conv", ["z", "wf"], ["dx"], pads=[1, 1, 1 + h - 2 * ho, 1 + h - 2 * ho]
+                        ),
+                    ]
+                runs: dict[str, Callable[[], object]] = {}
+                ref = None
+                for form, nodes in forms.items():
+                    m = _data_model(nodes, w, list(g.shape), xs)
+                    m.graph.initializer.extend(
+                        [
+                            _ints("s6", [n, c, ho, 1, ho, 1]),
+                            _ints("p6", [0] * 6 + [0, 0, 0, 1, 0, 1]),
+                            _ints("s4", [n, c, 2 * ho, 2 * ho]),
+                        ]
+                    )
+                    sess = _session(m)
+                    out = sess.run(None, {"g": g})[0]
+                    ref = out if ref is None else ref
+                    assert out.shape == ref.shape and np.allclose(out, ref, rtol=1e-3, atol=1e-3), (
+                        form
+                    )
+                    runs[form] = lambda sess=sess, g=g: sess.run(None, {"g": g})
+                med = _interleaved(runs, rounds)
+                base = med["convT"]
+                cells = "  ".join(f"{f}={1e3 * t:7.2f} ({base / t:5.2f}x)" for f, t in med.items())
+                print(f"stride {s_} N={n} {h:3d}x{h:<3d} C={c:4d}  {cells}", flush=True)
+
+
 # ------------------------------------------------------------ Linear weight gradients
 def _linear_model(nodes: list[onnx.NodeProto], x: list[int], g: list[int]) -> onnx.ModelProto:
     h, o = x[-1], g[-1]
@@ -612,6 +692,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--no-forms", action="store_true", help="skip the subgraph forms")
     parser.add_argument("--no-block", action="store_true", help="skip onnax.grad of the block")
     parser.add_argument("--no-linear", action="store_true", help="skip the Linear forms")
+    parser.add_argument("--no-data", action="store_true", help="skip the data gradients")
     parser.add_argument("--torch-python", default=None)
     args = parser.parse_args(argv)
     batches = [int(b) for b in args.batches.split(",")]
@@ -621,6 +702,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         bench_forms(kinds, sizes, batches, args.rounds)
     if not args.no_block:
         bench_block(batches, args.rounds)
+    if not args.no_data:
+        bench_data(sizes, batches, args.rounds)
     if not args.no_linear:
         bench_linear(args.rounds)
     if args.torch_python:

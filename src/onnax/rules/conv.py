@@ -10,10 +10,14 @@ the classic convolution backward passes, written with the two operators themselv
   ``b``). Its transpose with respect to ``X`` is a ``ConvTranspose`` of the cotangent with the
   same weight (Conv's weight layout ``[M, C/g, k]`` is ConvTranspose's ``[C_in, C_out/g, k]``
   with the roles of the channel counts swapped; with unit strides and static pads, a Conv with
-  the weight flipped along the spatial axes instead, which onnxruntime runs faster), and with
-  respect to ``W`` a Conv of the input (batch and channel axes swapped, groups moved next to
-  the batch) with the cotangent as kernel, the stride and dilation exchanging places. The bias
-  gets the cotangent summed over the batch and spatial axes.
+  the weight flipped along the spatial axes instead, which onnxruntime runs 1.1-2.1x faster;
+  for strides above 1 the ConvTranspose stays: zeros inserted between the cotangent's
+  elements and a stride-1 flipped Conv measured 3-9x slower, ``bench_conv_grad.py``), and
+  with respect to ``W`` ``sum_{n,o} ct[n, m, o] x_pad[n, c, o s + q d]``, emitted by
+  :mod:`onnax.rules._conv_grad` in the form onnxruntime runs fastest for the kind of Conv
+  (a MatMul for 1x1 kernels, Mul + ReduceSum per kernel offset for depthwise ones, im2col +
+  MatMul per group for large outputs, otherwise a Conv of the input with the cotangent as
+  kernel). The bias gets the cotangent summed over the batch and spatial axes.
 * A ConvTranspose is the transpose of a correlation from its output to its input, so its
   transposes are a Conv of the cotangent with the same weight (for ``X``) and the same weight
   gradient with input and cotangent exchanging roles (for ``W``).
