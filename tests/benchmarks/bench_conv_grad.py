@@ -108,12 +108,18 @@ def form_conv(n: int, c: int, m: int, h: int, kd: Kind, groups: int) -> onnx.Mod
     end = (ho - 1) * kd.s + kd.k - h - kd.p  # tight end pad
     nodes = []
     inits = []
+    src = "x"
+    if end < 0:  # trailing input no window reads: cropped (onnax crops with a Pad)
+        h += end
+        inits += [_ints("c0", [0, 0]), _ints("c1", [h, h]), _ints("cax", [2, 3])]
+        nodes.append(helper.make_node("Slice", ["x", "c0", "c1", "cax"], ["xc"]))
+        src, end = "xc", 0
     if groups == 1:
-        nodes.append(helper.make_node("Transpose", ["x"], ["xt"], perm=[1, 0, 2, 3]))
+        nodes.append(helper.make_node("Transpose", [src], ["xt"], perm=[1, 0, 2, 3]))
     else:
         inits += [_ints("s1", [n, groups, c // groups, h, h]), _ints("s2", [c // groups, -1, h, h])]
         nodes += [
-            helper.make_node("Reshape", ["x", "s1"], ["xs"]),
+            helper.make_node("Reshape", [src, "s1"], ["xs"]),
             helper.make_node("Transpose", ["xs"], ["xg"], perm=[2, 1, 0, 3, 4]),
             helper.make_node("Reshape", ["xg", "s2"], ["xt"]),
         ]

@@ -24,8 +24,10 @@ chosen form's):
   1.0-1.6x, the per-group MatMul below the same.
 * **im2col** (other static kernels where the output has at least 128 positions, or
   run-time spatial sizes): a Conv with a one-hot kernel ``[K, 1, k]`` over every channel on its
-  own (``[N*C, 1, D] -> [N*C, K, O]``: the node's own strides, dilations and pads) extracts
-  the window elements, and the same batched MatMul per group contracts them with ``g``
+  own (``[N*C, 1, D] -> [N*C, K, O]``: the node's own strides, dilations and pads; for 2-D
+  Convs a 3-D Conv over an added unit axis, which onnxruntime leaves out of its blocked NCHWc
+  layout: there the K output channels were padded to 16 and reordered back, which cost as much
+  as the extraction itself) extracts the window elements, and the same batched MatMul per group contracts them with ``g``
   (``[N, g, Mg, P] @ [N, g, P, Cg*K]``): each group multiplies only its own channels.
   3x3 stride 1: 1.3-1.6x from 14x14 on; stride 2 1.4-2.8x at 56x56 and 28x28, about 1x at
   14x14; grouped 1.1-1.4x. K strided Slices instead of the one-hot Conv measured the same for
