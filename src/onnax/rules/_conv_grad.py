@@ -6,34 +6,37 @@ input ``x [N, C, D]`` and the cotangent ``g [N, M, O]``. The classic spelling is
 ``x`` (batch and channels exchanged) with ``g`` as the kernel; onnxruntime's Conv then runs
 ``C`` GEMMs whose inner dimension is the tiny kernel size (a matrix-vector product per channel
 for a 1x1 kernel), far from the machine's speed. The forms here, chosen per case by measurement
-(``tests/benchmarks/bench_conv_grad.py``: onnxruntime 1.32 at one thread, resnet/mobilenet
-sizes 56x56x64 ... 7x7x512 at batch 1 and 8; ratios are the classic form's time over the
-chosen form's):
+(``tests/benchmarks/bench_conv_grad.py``: onnxruntime 1.32 at one thread, static shapes,
+resnet/mobilenet sizes 56x56x64 ... 7x7x512 at batch 1 and 8, on a shared two-core machine
+where single figures scatter by 2x; ratios are the classic form's time over the form's):
 
 * **Pointwise** (every kernel size 1, no begin pad, any stride, any groups): the positions a
   window reads are ``x[..., ::s]`` (a Slice where ``s > 1`` or the tail is unread), and the
   product over the batch and the positions is a batched ``MatMul`` ``g [N, (g,) M, P] @ xᵀ
-  [N, (g,) P, C]`` summed over ``N`` (a small ``[N, M, C]``). Measured 1.8-7.2x at batch 8 and
-  11-24x at batch 1 for stride 1; 1.5-3.9x strided (0.9x at 7x7x512 stride 2, too small to
-  matter). Moving the batch next to the positions first (``[M, N*P] @ [N*P, C]``, a Gemm)
-  measured about the same (0.7-1.4x of it) at the price of two transposes of full tensors.
+  [N, (g,) P, C]`` summed over ``N`` (a small ``[N, M, C]``). Stride 1: 1.7-5.6x at batch 8,
+  10-60x at batch 1 (the classic Conv is a matrix-vector product per channel there); strided
+  1.0-11x. Moving the batch next to the positions first (``[M, N*P] @ [N*P, C]``, one Gemm)
+  measured alike, better at 7x7 and worse at 56x56, at the price of two transposes of full
+  tensors.
 * **Depthwise** (``group == C == M``, kernels of at most 16 elements, static pads): one
   ``Mul`` + ``ReduceSum`` over ``(N, O)`` per kernel offset, of the input's shifted strided
-  slice with ``g``; nothing of size ``K * x`` is ever materialised. 1.2-2.8x (2.0-2.4x at
-  batch 8 from 28x28 on). An im2col followed by batched matrix-vector products measured
-  1.0-1.6x, the per-group MatMul below the same.
-* **im2col** (other static kernels where the output has at least 128 positions, or
-  run-time spatial sizes): a Conv with a one-hot kernel ``[K, 1, k]`` over every channel on its
-  own (``[N*C, 1, D] -> [N*C, K, O]``: the node's own strides, dilations and pads; for 2-D
+  slice with ``g``; nothing of size ``K * x`` is ever materialised. 1.8-2.8x at batch 8 from
+  14x14 up, 1.5-19x at batch 1, 1.0x at 7x7. The im2col below followed by per-channel
+  matrix-vector products measured 0.9-1.6x, and 0.7-2.5x as the per-group MatMul.
+* **im2col** (other static kernels where the output has at least 128 positions per example,
+  or run-time spatial sizes): a Conv with a one-hot kernel ``[K, 1, k]`` over every channel on
+  its own (``[N*C, 1, D] -> [N*C, K, O]``: the node's own strides, dilations and pads; for 2-D
   Convs a 3-D Conv over an added unit axis, which onnxruntime leaves out of its blocked NCHWc
   layout: there the K output channels were padded to 16 and reordered back, which cost as much
-  as the extraction itself) extracts the window elements, and the same batched MatMul per group contracts them with ``g``
-  (``[N, g, Mg, P] @ [N, g, P, Cg*K]``): each group multiplies only its own channels.
-  3x3 stride 1: 1.3-1.6x from 14x14 on; stride 2 1.4-2.8x at 56x56 and 28x28, about 1x at
-  14x14; grouped 1.1-1.4x. K strided Slices instead of the one-hot Conv measured the same for
-  stride 1 and slower strided, with K times the nodes. It costs K times the input's memory.
-* **Otherwise** (small outputs: 7x7 maps, where the GEMM's inner dimension ``N * O`` is small
-  and the im2col measured 0.6-0.9x; symbolic kernels): the classic Conv with ``g`` as kernel.
+  as the extraction itself) extracts the window elements, and the same batched MatMul per group
+  contracts them with ``g`` (``[N, g, Mg, P] @ [N, g, P, Cg*K]``): each group multiplies only
+  its own channels. 3x3 stride 1 at batch 8: 1.3-2.1x from 14x14 up; stride 2: 1.2-1.4x at
+  56x56 and 28x28; grouped 1.2-2.1x. K strided Slices instead of the one-hot Conv measured
+  about the same for stride 1 and slower strided, with K times the nodes. It costs K times
+  the input's memory.
+* **Otherwise** (fewer output positions: 7x7 maps, where the GEMM's inner dimension ``N * O``
+  is small and the im2col measured 0.7-1.0x; symbolic kernel sizes; a padded 1x1): the
+  classic Conv with ``g`` as the kernel.
 
 Every form has the kernel's exact shape ``[M, Cg, k]`` (tight end pads) and works with run-time
 batch and spatial sizes (Reshapes with ``0``/``-1`` and run-time dims); only the dimensions of
