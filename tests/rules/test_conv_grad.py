@@ -109,6 +109,24 @@ CASES = [
         "strides=[2, 2], output_padding=[1, 1]",
         op="ConvTranspose",
     ),
+    # Output pads that crop the full output: the windows reach past the cotangent's end.
+    _conv(
+        "convT_pw_cropped",
+        "N, 3, 4",
+        "3, 2, 1",
+        "N, 2, 6",
+        "strides=[2], pads=[0, 1]",
+        op="ConvTranspose",
+    ),
+    _conv(
+        "convT_pw_cropped_symbolic",
+        "N, 3, L",
+        "3, 2, 1",
+        "N, 2, ?",
+        "strides=[2], pads=[0, 1]",
+        op="ConvTranspose",
+        dims={"L": 4},
+    ),
     _conv(
         "convT_dw",
         "N, 3, 4, 4",
@@ -154,6 +172,8 @@ def _weight_gradient_ops(case: Case) -> Counter[str]:
         ("pw_groups_strided_tail", "matmul"),
         ("pw_1d_symbolic", "matmul"),
         ("convT_pw_strided", "matmul"),
+        ("convT_pw_cropped", "matmul"),
+        ("convT_pw_cropped_symbolic", "matmul"),
         ("dw_strided_cropped", "shifts"),
         ("dw_3d", "shifts"),
         ("convT_dw", "shifts"),

@@ -190,13 +190,20 @@ def _pointwise(
     """1x1 kernels: a batched MatMul over the positions the windows read (module doc)."""
     n = rank - 2
     x = inp
-    tail_read = all(isinstance(e, int) and e == 0 for e in win.end)
-    if any(s != 1 for s in win.strides) or not tail_read:
+    cropping = all(isinstance(e, int) and e <= 0 for e in win.end)
+    if cropping and (any(s != 1 for s in win.strides) or any(win.end)):
         stops = [
             size_add(em, size_mul(em, size_sub(em, o, 1), s), 1)
             for o, s in zip(win.size_out, win.strides, strict=True)
         ]
         x = em.slice(x, [0] * n, int_vector(em, stops), list(range(2, rank)), win.strides)
+    elif not cropping:
+        # A window may reach past the input's end (a ConvTranspose whose pads crop its
+        # output; sizes only known at run time): the tight end pad, zeros or a crop, makes
+        # the length exactly (size_out - 1) * s + 1, so the strided Slice reads size_out.
+        x = em.op("Pad", [x, int_vector(em, [0, 0, *[0] * n, 0, 0, *win.end])])
+        if any(s != 1 for s in win.strides):
+            x = em.slice(x, [0] * n, [2**62] * n, list(range(2, rank)), win.strides)
     if group == 1:
         layout: list[Param] = [0, 0, -1]  # [N, C, P]
     else:
