@@ -52,6 +52,8 @@ MATMUL_CASES = [
         opsets=(13,),
     ),
     _matmul("mm_4d_2d", "2, N, 3, 4", "4, 5", "2, N, 3, 5", opsets=(11, 21)),
+    # A Linear layer over [B, S, H] with run-time B and S: its weight gradient is one Gemm.
+    _matmul("mm_linear_3d", "N, S, 4", "4, 5", "N, S, 5", opsets=(11, 18), dims={"S": 2}),
     _matmul("mm_2d_4d", "3, 4", "2, N, 4, 5", "2, N, 3, 5", opsets=(11, 21)),
     # The batch dimensions N and M broadcast only at run time (M = 1): summed with run-time axes.
     _matmul(
@@ -323,3 +325,18 @@ def test_derivatives_of_vmap(name: str, opset: int, in_axes: dict[str, int | Non
     check_jvp(vm, feeds)
     check_vjp(vm, feeds)
     check_adjoint(vm, feeds)
+
+
+@pytest.mark.parametrize(
+    ("a", "y"), [("N, 4", "N, 5"), ("N, S, 4", "N, S, 5"), ("2, N, 3, 4", "2, N, 3, 5")]
+)
+def test_weight_gradient_is_one_product(a: str, y: str) -> None:
+    """A shared 2-D weight's gradient sums over the batch axes inside one Gemm (transA): no
+    batched MatMul with a ReduceSum after it, no Transpose; the data gradient of a 2-D product
+    is a Gemm (transB) too. Numerically checked by the cases mm_2d, mm_4d_2d, mm_linear_3d."""
+    model = _matmul("linear", a, "4, 5", y).model("float", 18)
+    weight = [n.op_type for n in onnax.vjp(model, ["B"]).graph]
+    assert weight.count("Gemm") == 1, weight
+    assert "ReduceSum" not in weight and "Transpose" not in weight, weight
+    data = [n.op_type for n in onnax.vjp(model, ["A"]).graph]
+    assert ("Gemm" in data) == (a == "N, 4"), data

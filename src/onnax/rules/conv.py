@@ -10,10 +10,14 @@ the classic convolution backward passes, written with the two operators themselv
   ``b``). Its transpose with respect to ``X`` is a ``ConvTranspose`` of the cotangent with the
   same weight (Conv's weight layout ``[M, C/g, k]`` is ConvTranspose's ``[C_in, C_out/g, k]``
   with the roles of the channel counts swapped; with unit strides and static pads, a Conv with
-  the weight flipped along the spatial axes instead, which onnxruntime runs faster), and with
-  respect to ``W`` a Conv of the input (batch and channel axes swapped, groups moved next to
-  the batch) with the cotangent as kernel, the stride and dilation exchanging places. The bias
-  gets the cotangent summed over the batch and spatial axes.
+  the weight flipped along the spatial axes instead, which onnxruntime runs 1.1-2.1x faster;
+  for strides above 1 the ConvTranspose stays: zeros inserted between the cotangent's
+  elements and a stride-1 flipped Conv measured 3-9x slower, ``bench_conv_grad.py``), and
+  with respect to ``W`` ``sum_{n,o} ct[n, m, o] x_pad[n, c, o s + q d]``, emitted by
+  :mod:`onnax.rules._conv_grad` in the form onnxruntime runs fastest for the kind of Conv
+  (a MatMul for 1x1 kernels, Mul + ReduceSum per kernel offset for depthwise ones, im2col +
+  MatMul per group for large outputs, otherwise a Conv of the input with the cotangent as
+  kernel). The bias gets the cotangent summed over the batch and spatial axes.
 * A ConvTranspose is the transpose of a correlation from its output to its input, so its
   transposes are a Conv of the cotangent with the same weight (for ``X``) and the same weight
   gradient with input and cotangent exchanging roles (for ``W``).
@@ -51,10 +55,10 @@ from onnax.core.diagnostics import node_label, op_label
 from onnax.core.emit import Emitter
 from onnax.core.registry import Args, BatchResult, OpRules, Tangents
 from onnax.errors import UnsupportedOperatorError
+from onnax.rules._conv_grad import weight_gradient
 from onnax.rules._patterns import attributes_of
 from onnax.rules._windows import (
     Param,
-    Window,
     conv_transpose_window,
     conv_window,
     correlate,
@@ -76,36 +80,6 @@ __all__: list[str] = []
 
 
 # ------------------------------------------------------------------------ backward passes
-def weight_gradient(
-    em: Emitter,
-    inp: ir.Value,
-    inp_like: ir.Value,
-    grad: ir.Value,
-    win: Window,
-    group: int,
-    rank: int,
-) -> ir.Value:
-    """``sum_{n,o} grad[n, m, o] * inp_padded[n, group(m) * Cg + c, o * s + q * d]``.
-
-    ``inp`` is ``[N, Cin, size_in]`` (with the shape of ``inp_like``), ``grad`` is
-    ``[N, Cout, size_out]``; the result ``[Cout, Cin/g, kernel]`` is one Conv of ``inp`` with
-    its batch and channel axes exchanged (channels of group ``j`` batched as ``[Cin/g, g * N]``)
-    and ``grad`` (likewise ``[Cout, N, size_out]``) as the kernel, with ``group = g`` and the
-    stride and dilation swapped. With tight pads its spatial size is exactly the kernel's.
-    """
-    swap = [1, 0, *range(2, rank)]
-    if group == 1:
-        xt = em.transpose(inp, swap)  # [Cin, N, D]
-    else:
-        lead, spatial = dims_of(em, inp_like, [0]), spatial_dims(em, inp_like, rank)
-        split = em.op("Reshape", [inp, int_vector(em, [*lead, group, -1, *spatial])])
-        grouped = em.transpose(split, [2, 1, 0, *range(3, rank + 1)])  # [Cg, g, N, D]
-        xt = em.op("Reshape", [grouped, int_vector(em, [0, -1, *spatial])])  # [Cg, g*N, D]
-    kernel = em.transpose(grad, swap)  # [Cout, N, O]
-    out = correlate(em, xt, kernel, win.swapped(), group, rank)  # [Cg, Cout, k]
-    return em.transpose(out, swap)
-
-
 def _bias_broadcast(em: Emitter, tb: ir.Value, y: ir.Value, rank: int) -> ir.Value:
     """A bias tangent ``[M]`` broadcast to the output ``[N, M, ...]``."""
     return em.op("Expand", [em.unsqueeze(tb, [0, *range(2, rank)]), em.shape(y)])
@@ -237,7 +211,7 @@ def _conv_transpose(
             scaled, weight = _fold_channel_scale(em, ct, w)
             results[0] = correlate_adjoint(em, scaled, weight, win, group, rank)
         if linear[1]:
-            results[1] = weight_gradient(em, x, x, ct, win, group, rank)
+            results[1] = weight_gradient(em, x, x, ct, w, win, group, rank)
     if len(linear) > 2 and linear[2]:
         results[2] = _bias_cotangent(em, ct, rank)
     return results
@@ -259,7 +233,7 @@ def _conv_transpose_transpose(
         if linear[0]:
             results[0] = correlate(em, ct, w, win, group, rank)
         if linear[1]:
-            results[1] = weight_gradient(em, ct, node.outputs[0], x, win, group, rank)
+            results[1] = weight_gradient(em, ct, node.outputs[0], x, w, win, group, rank)
     if len(linear) > 2 and linear[2]:
         results[2] = _bias_cotangent(em, ct, rank)
     return results

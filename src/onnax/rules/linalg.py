@@ -6,7 +6,14 @@ operand replaced by its tangent, and every transpose contracts the cotangent wit
 
 * ``MatMul`` follows numpy: 1-D operands get a dimension prepended (left) or appended (right)
   that is removed again, and batch dimensions broadcast. The transposes sum over broadcast batch
-  dimensions (``unbroadcast``); the 1-D cases are written without any Transpose at all.
+  dimensions (``unbroadcast``); the 1-D cases are written without any Transpose at all. The
+  gradient of a shared 2-D weight ``b [k, n]`` (a Linear layer over ``[..., m, k]``) flattens
+  the batch axes into the rows and is one ``Gemm`` with ``transA``, the sum over the batch part
+  of the product; a batched MatMul with a ReduceSum after it measured 0.96-1.9x its time at
+  transformer sizes (onnxruntime 1.32, one thread) and 8-16x for a few rows (``tests/benchmarks/bench_conv_grad.py``). The
+  products of two matrices use Gemm's ``trans*`` flags instead of a Transpose: onnxruntime
+  fuses such a Transpose into the MatMul itself (same speed, measured) but only at its extended
+  optimisation level, while Gemm has no Transpose to fuse at any level.
 * ``Gemm`` computes ``alpha * A' @ B' + beta * C`` with ``A' = A`` or ``Aᵀ`` (``transA``), and
   likewise ``B'``; the cotangents of ``A`` and ``B`` are Gemms again with the ``trans*`` flags
   rearranged, the one of ``C`` is ``beta * unbroadcast(ct)``.
@@ -201,7 +208,7 @@ def _matmul_transpose_by_matrix(
         rows_ct = em.op("Concat", [minus, em.slice(shape, [1], [2], [0])], {"axis": 0})
     flat_a = em.op("Reshape", [a, rows_a])
     flat_ct = em.op("Reshape", [ct, rows_ct])
-    return [None, em.op("MatMul", [em.transpose(flat_a, [1, 0]), flat_ct])]
+    return [None, _gemm(em, [flat_a, flat_ct], 1.0, 1.0, 1, 0)]
 
 
 @matmul.transpose
@@ -232,6 +239,8 @@ def _matmul_transpose(
         if rb == 1:
             # b [k] was lifted to [k, 1]: ct [..., m] -> ct[..., m, 1] * b = [..., m, k] = a's shape.
             return [em.op("Mul", [em.unsqueeze(ct, [ra - 1]), b]), None]
+        if ra == 2 and rb == 2:
+            return [_gemm(em, [ct, b], 1.0, 1.0, 0, 1), None]
         r = em.op("MatMul", [ct, _swap_last(em, b, rb)])
         dy = operand_dims(node, y, "output")
         return [_unbroadcast_checked(em, node, 0, r, [*dy[:-2], *da[-2:]]), None]
@@ -248,6 +257,14 @@ def _matmul_transpose(
         # ct[..., 1, m] @ a[..., m, k] = [..., 1, k], summed over every axis but the last.
         r = em.op("MatMul", [em.unsqueeze(ct, [ra - 2]), a])
         return [None, em.reduce_sum(r, list(range(ra - 1)), keepdims=False)]
+    if rb == 2:
+        # A weight [k, n] shared by every row of a [..., m, k]: the sum over the batch axes is
+        # part of one product, aᵀ [k, rows] @ ct [rows, n] (a batched MatMul and a ReduceSum
+        # of [..., k, n] measured up to 2-8x slower; bench_conv_grad.py). Flatten keeps the
+        # batch axes symbolic; Gemm's transA spares the Transpose at every optimisation level.
+        rows_a = a if ra == 2 else em.op("Flatten", [a], {"axis": ra - 1})
+        rows_ct = ct if ra == 2 else em.op("Flatten", [ct], {"axis": ra - 1})
+        return [None, _gemm(em, [rows_a, rows_ct], 1.0, 1.0, 1, 0)]
     r = em.op("MatMul", [_swap_last(em, a, ra), ct])
     dy = operand_dims(node, y, "output")
     return [None, _unbroadcast_checked(em, node, 1, r, [*dy[:-2], *db[-2:]])]

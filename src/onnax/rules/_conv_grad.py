@@ -1,0 +1,314 @@
+"""Conv weight gradients in the forms onnxruntime's CPU kernels run fastest.
+
+The weight gradient of a correlation (:class:`~onnax.rules._windows.Window`) is
+``dW[m, c, q] = sum_{n, o} g[n, m, o] * x_pad[n, group(m) * Cg + c, o * s + q * d]`` for the
+input ``x [N, C, D]`` and the cotangent ``g [N, M, O]``. The classic spelling is one Conv of
+``x`` (batch and channels exchanged) with ``g`` as the kernel; onnxruntime's Conv then runs
+``C`` GEMMs whose inner dimension is the tiny kernel size (a matrix-vector product per channel
+for a 1x1 kernel), far from the machine's speed. The forms here, chosen per case by measurement
+(``tests/benchmarks/bench_conv_grad.py``: onnxruntime 1.32 at one thread, static shapes,
+resnet/mobilenet sizes 56x56x64 ... 7x7x512 at batch 1 and 8, on a shared two-core machine
+where single figures scatter by 2x; ratios are the classic form's time over the form's):
+
+* **Pointwise** (every kernel size 1, no begin pad, any stride, any groups): the positions a
+  window reads are ``x[..., ::s]`` (a Slice where ``s > 1`` or the tail is unread), and the
+  product over the batch and the positions is a batched ``MatMul`` ``g [N, (g,) M, P] @ xᵀ
+  [N, (g,) P, C]`` summed over ``N`` (a small ``[N, M, C]``). Stride 1: 1.7-5.6x at batch 8,
+  10-60x at batch 1 (the classic Conv is a matrix-vector product per channel there); strided
+  1.0-11x. Moving the batch next to the positions first (``[M, N*P] @ [N*P, C]``, one Gemm)
+  measured alike, better at 7x7 and worse at 56x56, at the price of two transposes of full
+  tensors.
+* **Depthwise** (``group == C == M``, kernels of at most 16 elements, static pads): one
+  ``Mul`` + ``ReduceSum`` over ``(N, O)`` per kernel offset, of the input's shifted strided
+  slice with ``g``; nothing of size ``K * x`` is ever materialised. 1.8-2.8x at batch 8 from
+  14x14 up, 1.5-19x at batch 1, 1.0x at 7x7. The im2col below followed by per-channel
+  matrix-vector products measured 0.9-1.6x, and 0.7-2.5x as the per-group MatMul.
+* **im2col** (other static kernels where the output has at least 128 positions per example,
+  or run-time spatial sizes): a Conv with a one-hot kernel ``[K, 1, k]`` over every channel on
+  its own (``[N*C, 1, D] -> [N*C, K, O]``: the node's own strides, dilations and pads; for 2-D
+  Convs a 3-D Conv over an added unit axis, which onnxruntime leaves out of its blocked NCHWc
+  layout: there the K output channels were padded to 16 and reordered back, which cost as much
+  as the extraction itself) extracts the window elements, and the same batched MatMul per group
+  contracts them with ``g`` (``[N, g, Mg, P] @ [N, g, P, Cg*K]``): each group multiplies only
+  its own channels. 3x3 stride 1 at batch 8: 1.3-2.1x from 14x14 up; stride 2: 1.2-1.4x at
+  56x56 and 28x28; grouped 1.2-2.1x. K strided Slices instead of the one-hot Conv measured
+  about the same for stride 1 and slower strided, with K times the nodes. It costs K times
+  the input's memory.
+* **Otherwise** (fewer output positions: 7x7 maps, where the GEMM's inner dimension ``N * O``
+  is small and the im2col measured 0.7-1.0x; symbolic kernel sizes; a padded 1x1): the
+  classic Conv with ``g`` as the kernel.
+
+Every form has the kernel's exact shape ``[M, Cg, k]`` (tight end pads) and works with run-time
+batch and spatial sizes (Reshapes with ``0``/``-1`` and run-time dims); only the dimensions of
+the weight, which are static in practice, are read for the group layout.
+"""
+
+from __future__ import annotations
+
+import itertools
+
+import numpy as np
+import onnx_ir as ir
+
+from onnax.core.emit import Emitter
+from onnax.rules._windows import (
+    Param,
+    Window,
+    correlate,
+    dims_of,
+    int_vector,
+    size_add,
+    size_mul,
+    size_sub,
+    spatial_dims,
+)
+
+__all__ = ["weight_gradient"]
+
+_IM2COL_MIN_POSITIONS = 128
+"""Below this many output positions per example the im2col's GEMM is too thin (module doc)."""
+
+_DEPTHWISE_MAX_TAPS = 16
+"""The depthwise form emits three nodes per kernel element: small kernels only."""
+
+
+def weight_gradient(
+    em: Emitter,
+    inp: ir.Value,
+    inp_like: ir.Value,
+    grad: ir.Value,
+    weight: ir.Value,
+    win: Window,
+    group: int,
+    rank: int,
+) -> ir.Value:
+    """``dW [M, Cin/g, kernel]`` of the correlation ``win`` of ``inp`` with cotangent ``grad``.
+
+    Args:
+        em: The emitter.
+        inp: The correlation's input ``[N, Cin, size_in]``.
+        inp_like: A primal value with the shape of ``inp`` (``inp`` itself when primal).
+        grad: The cotangent of the correlation's output ``[N, M, size_out]``.
+        weight: The primal weight (its static dims give the group layout).
+        win: The correlation, with tight end pads.
+        group: The number of groups.
+        rank: The rank of ``inp``.
+
+    Returns:
+        The weight gradient, in the fastest form for the case (module doc).
+    """
+    form = choose_form(win, weight, inp_like, group, rank)
+    kernel = [k for k in win.kernel if isinstance(k, int)]
+    if form == "pointwise":
+        return _pointwise(em, inp, grad, weight, win, group, rank)
+    if form == "depthwise":
+        return _depthwise_shifts(em, inp, grad, win, kernel, rank)
+    if form == "im2col":
+        return _im2col(em, inp, inp_like, grad, weight, win, kernel, group, rank)
+    return _classic(em, inp, inp_like, grad, win, group, rank)
+
+
+def choose_form(win: Window, weight: ir.Value, inp_like: ir.Value, group: int, rank: int) -> str:
+    """The form of the weight gradient (module doc).
+
+    One of ``pointwise``, ``depthwise``, ``im2col`` or ``classic``. The benchmark patches it to
+    time the classic form in the same process.
+    """
+    kernel = [k for k in win.kernel if isinstance(k, int)]
+    if len(kernel) < rank - 2:
+        return "classic"  # a symbolic kernel size
+    begin = [b for b in win.begin if isinstance(b, int)]
+    if all(k == 1 for k in kernel) and begin == [0] * (rank - 2):
+        return "pointwise"
+    small = int(np.prod(kernel)) <= _DEPTHWISE_MAX_TAPS
+    if small and _is_depthwise(weight, inp_like, group) and _static_pads(win):
+        return "depthwise"
+    out = [o for o in win.size_out if isinstance(o, int)]
+    if len(out) < rank - 2 or int(np.prod(out)) >= _IM2COL_MIN_POSITIONS:
+        return "im2col"
+    return "classic"
+
+
+def _static_pads(win: Window) -> bool:
+    return all(isinstance(p, int) for p in [*win.begin, *win.end, *win.size_out])
+
+
+def _is_depthwise(weight: ir.Value, inp_like: ir.Value, group: int) -> bool:
+    """One input and one output channel per group, statically."""
+    w = weight.shape.dims if weight.shape is not None else None
+    x = inp_like.shape.dims if inp_like.shape is not None else None
+    if w is None or x is None or len(x) < 2:
+        return False
+    return group > 1 and w[0] == group and w[1] == 1 and x[1] == group
+
+
+def _group_dims(em: Emitter, weight: ir.Value, group: int) -> tuple[Param, Param]:
+    """``(M / g, Cin / g)`` from the weight ``[M, Cin/g, k]``."""
+    m, cg = dims_of(em, weight, [0, 1])
+    mg = m // group if isinstance(m, int) else em.op("Div", [m, em.ints([group])])
+    return mg, cg
+
+
+def _contract(
+    em: Emitter,
+    cols: ir.Value,
+    layout: list[Param],
+    grad: ir.Value,
+    weight: ir.Value,
+    group: int,
+    tail: list[Param],
+) -> ir.Value:
+    """``sum_n g[n] @ cols[n]ᵀ`` per group, reshaped to ``[M, Cg, *tail]``.
+
+    ``cols`` is reshaped to ``layout``: ``[N, Cg * T, P]`` (one group) or ``[N, g, Cg * T,
+    P]``, with ``T = prod(tail)`` columns per input channel; ``grad`` is ``[N, M, O]``.
+    """
+    columns = em.op("Reshape", [cols, int_vector(em, layout)])
+    if group == 1:
+        rows = em.op("Reshape", [grad, em.ints([0, 0, -1])])  # [N, M, P]
+    else:
+        mg, _ = _group_dims(em, weight, group)
+        rows = em.op("Reshape", [grad, int_vector(em, [0, group, mg, -1])])  # [N, g, Mg, P]
+    last = 3 if group == 1 else 4
+    swap = [*range(last - 2), last - 1, last - 2]
+    # onnxruntime fuses the Transpose of the last two axes into the MatMul (FusedMatMul).
+    product = em.op("MatMul", [rows, em.transpose(columns, swap)])  # [N, (g,) Mg, Cg*T]
+    summed = em.reduce_sum(product, [0], keepdims=False)
+    _, cg = _group_dims(em, weight, group)
+    return em.op("Reshape", [summed, int_vector(em, [-1, cg, *tail])])
+
+
+def _pointwise(
+    em: Emitter,
+    inp: ir.Value,
+    grad: ir.Value,
+    weight: ir.Value,
+    win: Window,
+    group: int,
+    rank: int,
+) -> ir.Value:
+    """1x1 kernels: a batched MatMul over the positions the windows read (module doc)."""
+    n = rank - 2
+    x = inp
+    cropping = all(isinstance(e, int) and e <= 0 for e in win.end)
+    if cropping and (any(s != 1 for s in win.strides) or any(win.end)):
+        stops = [
+            size_add(em, size_mul(em, size_sub(em, o, 1), s), 1)
+            for o, s in zip(win.size_out, win.strides, strict=True)
+        ]
+        x = em.slice(x, [0] * n, int_vector(em, stops), list(range(2, rank)), win.strides)
+    elif not cropping:
+        # A window may reach past the input's end (a ConvTranspose whose pads crop its
+        # output; sizes only known at run time): the tight end pad, zeros or a crop, makes
+        # the length exactly (size_out - 1) * s + 1, so the strided Slice reads size_out.
+        x = em.op("Pad", [x, int_vector(em, [0, 0, *[0] * n, 0, 0, *win.end])])
+        if any(s != 1 for s in win.strides):
+            x = em.slice(x, [0] * n, [2**62] * n, list(range(2, rank)), win.strides)
+    if group == 1:
+        layout: list[Param] = [0, 0, -1]  # [N, C, P]
+    else:
+        layout = [0, group, _group_dims(em, weight, group)[1], -1]  # [N, g, Cg, P]
+    return _contract(em, x, layout, grad, weight, group, [1] * n)
+
+
+def _im2col(
+    em: Emitter,
+    inp: ir.Value,
+    inp_like: ir.Value,
+    grad: ir.Value,
+    weight: ir.Value,
+    win: Window,
+    kernel: list[int],
+    group: int,
+    rank: int,
+) -> ir.Value:
+    """One-hot Conv im2col and a batched MatMul per group (module doc)."""
+    size = int(np.prod(kernel))
+    dtype = weight.dtype or inp_like.dtype
+    assert dtype is not None
+    spatial = spatial_dims(em, inp_like, rank)
+    if rank == 4:
+        # onnxruntime reorders a 2-D Conv with a constant weight into its blocked layout
+        # (NCHWc), padding the K output channels to 16 and reordering them back, which costs
+        # as much as the extraction itself; it keeps a 3-D Conv (a unit axis added) as it is.
+        unit = [1]
+        win = Window(
+            [1, *win.size_in],
+            [1, *win.size_out],
+            [1, *win.kernel],
+            [1, *win.strides],
+            [1, *win.dilations],
+            [0, *win.begin],
+            [0, *win.end],
+        )
+    else:
+        unit = []
+    one_hot = np.eye(size, dtype=dtype.numpy()).reshape(size, 1, *unit, *kernel)
+    single = em.op("Reshape", [inp, int_vector(em, [-1, 1, *unit, *spatial])])  # [N*C, 1, D]
+    cols = correlate(em, single, em.const(one_hot), win, 1, rank + len(unit))  # [N*C, K, O]
+    n, c = dims_of(em, inp_like, [0, 1])
+    if group == 1:
+        layout: list[Param] = [n, size_mul(em, c, size), -1]  # [N, C*K, P]
+    else:
+        cg = _group_dims(em, weight, group)[1]
+        layout = [n, group, size_mul(em, cg, size), -1]  # [N, g, Cg*K, P]
+    return _contract(em, cols, layout, grad, weight, group, list(kernel))
+
+
+def _depthwise_shifts(
+    em: Emitter,
+    inp: ir.Value,
+    grad: ir.Value,
+    win: Window,
+    kernel: list[int],
+    rank: int,
+) -> ir.Value:
+    """Depthwise: ``sum_{n,o} g * x_q`` per kernel offset ``q`` (module doc)."""
+    begin = [b for b in win.begin if isinstance(b, int)]
+    end = [e for e in win.end if isinstance(e, int)]
+    out = [o for o in win.size_out if isinstance(o, int)]
+    x = inp
+    if any(begin) or any(end):
+        # Negative end pads (trailing input no window reads) crop.
+        x = em.op("Pad", [x, em.ints([0, 0, *begin, 0, 0, *end])])
+    axes = list(range(2, rank))
+    taps: list[ir.Value] = []
+    for q in itertools.product(*(range(k) for k in kernel)):
+        starts = [qi * d for qi, d in zip(q, win.dilations, strict=True)]
+        stops = [a + (o - 1) * s + 1 for a, o, s in zip(starts, out, win.strides, strict=True)]
+        shifted = em.slice(x, starts, stops, axes, win.strides)  # [N, C, O]
+        prod = em.op("Mul", [grad, shifted])
+        taps.append(em.reduce_sum(prod, [0, *axes], keepdims=False))  # [C]
+    stacked = em.op("Concat", taps, {"axis": 0}) if len(taps) > 1 else taps[0]  # [K*C]
+    by_tap = em.op("Reshape", [stacked, em.ints([len(taps), -1])])  # [K, C]
+    return em.op("Reshape", [em.transpose(by_tap, [1, 0]), em.ints([-1, 1, *kernel])])
+
+
+def _classic(
+    em: Emitter,
+    inp: ir.Value,
+    inp_like: ir.Value,
+    grad: ir.Value,
+    win: Window,
+    group: int,
+    rank: int,
+) -> ir.Value:
+    """One Conv of ``inp`` (batch and channels exchanged) with ``grad`` as the kernel.
+
+    ``sum_{n,o} grad[n, m, o] * inp_padded[n, group(m) * Cg + c, o * s + q * d]``: ``inp``
+    with its batch and channel axes exchanged (channels of group ``j`` batched as
+    ``[Cin/g, g * N]``) and ``grad`` (likewise ``[Cout, N, size_out]``) as the kernel, with
+    ``group = g`` and the stride and dilation swapped. With tight pads its spatial size is
+    exactly the kernel's.
+    """
+    swap = [1, 0, *range(2, rank)]
+    if group == 1:
+        xt = em.transpose(inp, swap)  # [Cin, N, D]
+    else:
+        lead, spatial = dims_of(em, inp_like, [0]), spatial_dims(em, inp_like, rank)
+        split = em.op("Reshape", [inp, int_vector(em, [*lead, group, -1, *spatial])])
+        grouped = em.transpose(split, [2, 1, 0, *range(3, rank + 1)])  # [Cg, g, N, D]
+        xt = em.op("Reshape", [grouped, int_vector(em, [0, -1, *spatial])])  # [Cg, g*N, D]
+    kernel = em.transpose(grad, swap)  # [Cout, N, O]
+    out = correlate(em, xt, kernel, win.swapped(), group, rank)  # [Cg, Cout, k]
+    return em.transpose(out, swap)

@@ -1,0 +1,255 @@
+"""Conv weight gradients in each form of ``onnax.rules._conv_grad``: pointwise MatMul, depthwise
+Mul + ReduceSum per kernel offset, one-hot im2col + MatMul, and the classic Conv with the
+cotangent as kernel.
+
+Every form is checked against central differences and the adjoint identity (``run_case``), on
+the Conv kinds that select it by default and, with the selection forced, on every case of
+``test_conv``; the derivative models are differentiated and batched again (closure), and the
+half and double models agree with the float one.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from collections.abc import Iterator
+
+import numpy as np
+import pytest
+
+import onnax
+from cases import Case, case_id, parametrize, run_case
+from onnax.rules import _conv_grad
+from oracles import check_adjoint, check_jvp, check_vjp, check_vmap, run
+from rules.test_conv import CASES as CONV_CASES
+from rules.test_conv import _conv
+from test_half_precision import rel_err, run_half
+
+CASES = [
+    # Pointwise: a batched MatMul over the positions read (strided: a Slice first).
+    _conv("pw_stride1", "N, 4, 5, 6", "3, 4, 1, 1", "N, 3, 5, 6", bias="3", opsets=(11, 18)),
+    _conv("pw_stride2", "N, 4, 5, 6", "3, 4, 1, 1", "N, 3, 3, 3", "strides=[2, 2]"),
+    _conv(
+        "pw_groups_strided_tail",
+        "N, 4, 8, 5",
+        "6, 2, 1, 1",
+        "N, 6, 3, 3",
+        "group=2, strides=[3, 2]",
+        opsets=(11, 18),
+    ),
+    _conv("pw_1d_symbolic", "N, 3, L", "2, 3, 1", "N, 2, ?", "strides=[2]", dims={"L": 7}),
+    _conv("pw_3d", "N, 2, 3, 2, 4", "4, 2, 1, 1, 1", "N, 4, 3, 2, 4", opsets=(13, 22)),
+    _conv(
+        "pw_same_upper",
+        "N, 2, 5, 4",
+        "3, 2, 1, 1",
+        "N, 3, 3, 2",
+        'auto_pad="SAME_UPPER", strides=[2, 2]',
+    ),
+    # A padded 1x1 reads zeros at the border: not pointwise (begin pad), im2col or classic.
+    _conv("pw_padded", "N, 2, 3, 4", "3, 2, 1, 1", "N, 3, 5, 5", "pads=[1, 0, 1, 1]"),
+    # Depthwise: Mul + ReduceSum per kernel offset.
+    _conv(
+        "dw_strided_cropped",
+        "N, 4, 9",
+        "4, 1, 3",
+        "N, 4, 4",
+        "group=4, strides=[2], pads=[1, 0]",
+        opsets=(11, 18),
+    ),
+    _conv(
+        "dw_dilated",
+        "N, 3, 7, 7",
+        "3, 1, 3, 3",
+        "N, 3, 7, 7",
+        "group=3, dilations=[2, 2], pads=[2, 2, 2, 2]",
+    ),
+    _conv(
+        "dw_3d",
+        "N, 2, 4, 4, 3",
+        "2, 1, 2, 2, 2",
+        "N, 2, 4, 4, 3",
+        "group=2, pads=[1, 0, 1, 0, 1, 0]",
+    ),
+    # Depth multiplier 2: grouped, not depthwise.
+    _conv("dw_multiplier", "N, 2, 6, 6", "4, 1, 3, 3", "N, 4, 6, 6", "group=2, pads=[1, 1, 1, 1]"),
+    # Run-time spatial sizes: the im2col.
+    _conv(
+        "dw_symbolic_spatial",
+        "N, 3, H, V",
+        "3, 1, 3, 3",
+        "N, 3, H, V",
+        "group=3, pads=[1, 1, 1, 1]",
+        dims={"H": 5, "V": 4},
+    ),
+    # Outputs of at least 128 positions: the im2col by default.
+    _conv(
+        "im2col_3x3", "N, 3, 12, 12", "4, 3, 3, 3", "N, 4, 12, 12", "pads=[1, 1, 1, 1]", bias="4"
+    ),
+    _conv(
+        "im2col_grouped_strided_dilated",
+        "N, 4, 25, 27",
+        "6, 2, 3, 2",
+        "N, 6, 11, 14",
+        "group=2, strides=[2, 2], dilations=[2, 1], pads=[0, 1, 1, 0]",
+    ),
+    _conv(
+        "im2col_symbolic_batch_spatial",
+        "N, 2, H, V",
+        "3, 2, 3, 3",
+        "N, 3, P, Q",
+        "strides=[2, 1], pads=[1, 1, 0, 1]",
+        dims={"N": 2, "H": 7, "V": 5},
+    ),
+    # ConvTranspose: its weight gradient is the same correlation, input and cotangent exchanged.
+    _conv(
+        "convT_pw_strided",
+        "N, 4, 3, 3",
+        "4, 2, 1, 1",
+        "N, 2, 6, 6",
+        "strides=[2, 2], output_padding=[1, 1]",
+        op="ConvTranspose",
+    ),
+    # Output pads that crop the full output: the windows reach past the cotangent's end.
+    _conv(
+        "convT_pw_cropped",
+        "N, 3, 4",
+        "3, 2, 1",
+        "N, 2, 6",
+        "strides=[2], pads=[0, 1]",
+        op="ConvTranspose",
+    ),
+    _conv(
+        "convT_pw_cropped_symbolic",
+        "N, 3, L",
+        "3, 2, 1",
+        "N, 2, ?",
+        "strides=[2], pads=[0, 1]",
+        op="ConvTranspose",
+        dims={"L": 4},
+    ),
+    _conv(
+        "convT_dw",
+        "N, 3, 4, 4",
+        "3, 1, 3, 3",
+        "N, 3, 9, 9",
+        "group=3, strides=[2, 2]",
+        op="ConvTranspose",
+    ),
+    _conv(
+        "convT_im2col_groups",
+        "N, 4, 12, 12",
+        "4, 1, 3, 3",
+        "N, 2, 25, 25",
+        "group=2, strides=[2, 2]",
+        op="ConvTranspose",
+    ),
+]
+"""The closure test enumerates the operators their derivative models emit."""
+
+BATCH_ONE = [
+    Case(c.name + "_n1", c.text, c.opsets, dims={**c.dims, "N": 1}, dtypes=c.dtypes)
+    for c in CASES
+    if c.name in ("pw_stride1", "dw_dilated", "im2col_3x3")
+]
+
+
+@pytest.mark.parametrize(("case", "dtype", "opset"), parametrize(CASES + BATCH_ONE), ids=case_id)
+def test_rule(case: Case, dtype: str, opset: int) -> None:
+    run_case(case, dtype, opset)
+
+
+def _weight_gradient_ops(case: Case) -> Counter[str]:
+    """The operators of the vjp w.r.t. the weight, the primal's own excluded."""
+    model = case.model("float", case.opsets[-1])
+    primal = Counter(n.op_type for n in model.graph)
+    return Counter(n.op_type for n in onnax.vjp(model, ["W"]).graph) - primal
+
+
+@pytest.mark.parametrize(
+    ("name", "form"),
+    [
+        ("pw_stride1", "matmul"),
+        ("pw_groups_strided_tail", "matmul"),
+        ("pw_1d_symbolic", "matmul"),
+        ("convT_pw_strided", "matmul"),
+        ("convT_pw_cropped", "matmul"),
+        ("convT_pw_cropped_symbolic", "matmul"),
+        ("dw_strided_cropped", "shifts"),
+        ("dw_3d", "shifts"),
+        ("convT_dw", "shifts"),
+        ("dw_symbolic_spatial", "im2col"),
+        ("dw_multiplier", "classic"),  # 36 output positions
+        ("im2col_3x3", "im2col"),
+        ("im2col_grouped_strided_dilated", "im2col"),
+        ("convT_im2col_groups", "im2col"),
+        ("pw_padded", "classic"),
+    ],
+)
+def test_form_chosen(name: str, form: str) -> None:
+    """The measured choice of the module doc: which operators compute the weight gradient."""
+    case = next(c for c in CASES if c.name == name)
+    ops = _weight_gradient_ops(case)
+    w = case.model("float", case.opsets[-1]).graph.inputs[1]
+    taps = int(np.prod(w.shape.numpy()[2:]))
+    assert ops["Conv"] == (form in ("im2col", "classic")), ops
+    assert ops["MatMul"] == (form in ("matmul", "im2col")), ops
+    # The shifts form: one Mul and one ReduceSum per kernel element, no MatMul or Conv.
+    shifts = ops["ReduceSum"] == taps == ops["Mul"] and not ops["MatMul"]
+    assert shifts == (form == "shifts"), ops
+
+
+@pytest.fixture(params=["im2col", "classic"])
+def forced(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> Iterator[str]:
+    """Every k x k gradient through one form: im2col (from one output position on), or the
+    classic Conv (no im2col, no depthwise shifts)."""
+    if request.param == "im2col":
+        monkeypatch.setattr(_conv_grad, "_IM2COL_MIN_POSITIONS", 0)
+    else:
+        monkeypatch.setattr(_conv_grad, "_IM2COL_MIN_POSITIONS", 10**9)
+        monkeypatch.setattr(_conv_grad, "_DEPTHWISE_MAX_TAPS", 0)
+    yield request.param
+
+
+WEIGHT_CASES = [c for c in CONV_CASES + CASES if c.inputs is None or "W" in c.inputs]
+
+
+@pytest.mark.parametrize("case", WEIGHT_CASES, ids=case_id)
+def test_forced_form(case: Case, forced: str) -> None:
+    """Each form on every Conv geometry of the rule tests: differences and adjoint identity."""
+    model = case.model("float", case.opsets[-1])
+    feeds = case.feeds(model)
+    check_vjp(model, feeds, ["W"])
+    check_adjoint(model, feeds, ["W"])
+
+
+@pytest.mark.parametrize(
+    "name", ["pw_groups_strided_tail", "dw_strided_cropped", "im2col_grouped_strided_dilated"]
+)
+def test_second_order_and_per_example(name: str) -> None:
+    """The new forms close under the transforms: their vjp differentiated in both modes, and
+    per-example weight gradients (vmap of the vjp) against a loop."""
+    case = next(c for c in CASES if c.name == name)
+    model = case.model("float", case.opsets[-1])
+    vm = onnax.vjp(model, ["W"])
+    feeds = case.feeds(vm)
+    check_jvp(vm, feeds)
+    check_vjp(vm, feeds)
+    check_vmap(vm, feeds, in_axes=[0, None, 0])
+
+
+@pytest.mark.parametrize("name", ["pw_groups_strided_tail", "dw_dilated", "im2col_3x3"])
+@pytest.mark.parametrize("dtype", ["float16", "double"])
+def test_half_and_double(name: str, dtype: str) -> None:
+    """The weight gradient of the float16 and double models (onnx's reference evaluator:
+    onnxruntime has no float16 or double Conv kernel) agrees with the float model's."""
+    case = next(c for c in CASES if c.name == name)
+    base = case.model("float", case.opsets[-1])
+    feeds32 = case.feeds(onnax.vjp(base, ["W"]))
+    want = list(run(onnax.vjp(base, ["W"]), feeds32).values())[-1]
+    vm = onnax.vjp(case.model(dtype, case.opsets[-1]), ["W"])
+    np_type = np.float16 if dtype == "float16" else np.float64
+    got = list(
+        run_half(vm, {k: v.astype(np_type) for k, v in feeds32.items()}, "reference").values()
+    )[-1]
+    assert got.dtype == np_type
+    assert rel_err(got, want) < (1e-2 if dtype == "float16" else 1e-5)
