@@ -8,7 +8,11 @@ and reordered on its own (onnx_ir's own passes where they do what is needed):
    the outputs' declared types), then dead code again;
 3. :class:`SortGraph`, :class:`FixOutputs`, ``NameFixPass``, :class:`UniqueNamesAcrossScopes`
    and :class:`NameMainGraph`;
-4. :class:`AnnotateShapes`.
+4. :class:`AnnotateShapes`;
+5. the simplification, on the annotated types and shapes: :class:`FixedPoint` of
+   :class:`~onnax.passes.simplify.SimplifyLocally` (chain collapsing, Identity removal,
+   folding of shape arithmetic) and CSE, then dead code again and names for what it created.
+   Its rewrites keep every output value's type and shape true, so the annotation stands.
 """
 
 from __future__ import annotations
@@ -23,6 +27,7 @@ from onnx_shape_inference import OpUsageError, ShapeInferenceError
 from onnax.core.batching import detach
 from onnax.core.inference import RANK_GUESSED, infer_shapes
 from onnax.core.subgraphs import graph_attributes
+from onnax.passes.simplify import SimplifyLocally
 from onnax.passes.steps import Steps
 
 __all__ = [
@@ -30,6 +35,7 @@ __all__ = [
     "Cleanup",
     "EliminateCommonSubexpressions",
     "FixOutputs",
+    "FixedPoint",
     "NameMainGraph",
     "RemoveDeadNodes",
     "SortGraph",
@@ -71,7 +77,35 @@ class Cleanup(Steps):
             UniqueNamesAcrossScopes(),
             NameMainGraph(),
             AnnotateShapes(),
+            FixedPoint(SimplifyLocally(), EliminateCommonSubexpressions()),
+            RemoveDeadNodes(),
+            common.RemoveUnusedNodesPass(),
+            common.NameFixPass(),
+            UniqueNamesAcrossScopes(),
         )
+
+
+class FixedPoint(Steps):
+    """Runs its steps again while one of them changes the model (at most ``rounds`` times).
+
+    A rewrite can make two nodes equal for CSE, and CSE can give a rewrite a chain to collapse;
+    each round is linear, and a few rounds reach the fixed point on the models seen.
+    """
+
+    def __init__(self, *steps: passes.PassBase, rounds: int = 4) -> None:
+        super().__init__(*steps)
+        self.rounds = rounds
+
+    def call(self, model: ir.Model) -> passes.PassResult:
+        """Runs the rounds on ``model``."""
+        modified = False
+        for _ in range(self.rounds):
+            result = super().call(model)
+            model = result.model
+            if not result.modified:
+                break
+            modified = True
+        return passes.PassResult(model, modified)
 
 
 class RemoveDeadNodes(passes.InPlacePass):
