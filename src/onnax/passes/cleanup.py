@@ -11,7 +11,8 @@ and reordered on its own (onnx_ir's own passes where they do what is needed):
 4. :class:`AnnotateShapes`;
 5. the simplification, on the annotated types and shapes: :class:`FixedPoint` of
    :class:`~onnax.passes.simplify.SimplifyLocally` (chain collapsing, Identity removal,
-   folding of shape arithmetic) and CSE, then dead code again and names for what it created.
+   folding of shape arithmetic), :class:`~onnax.passes.simplify.MergeEqualConstants` and CSE, then dead code again, names for what it created and
+   :class:`~onnax.passes.simplify.LiftConstants`.
    Its rewrites keep every output value's type and shape true, so the annotation stands.
 """
 
@@ -27,7 +28,7 @@ from onnx_shape_inference import OpUsageError, ShapeInferenceError
 from onnax.core.batching import detach
 from onnax.core.inference import RANK_GUESSED, infer_shapes
 from onnax.core.subgraphs import graph_attributes
-from onnax.passes.simplify import SimplifyLocally
+from onnax.passes.simplify import LiftConstants, MergeEqualConstants, SimplifyLocally
 from onnax.passes.steps import Steps
 
 __all__ = [
@@ -77,11 +78,12 @@ class Cleanup(Steps):
             UniqueNamesAcrossScopes(),
             NameMainGraph(),
             AnnotateShapes(),
-            FixedPoint(SimplifyLocally(), EliminateCommonSubexpressions()),
+            FixedPoint(SimplifyLocally(), MergeEqualConstants(), EliminateCommonSubexpressions()),
             RemoveDeadNodes(),
             common.RemoveUnusedNodesPass(),
             common.NameFixPass(),
             UniqueNamesAcrossScopes(),
+            LiftConstants(),
         )
 
 

@@ -30,7 +30,10 @@ import onnx_ir.passes as passes
 from onnax.core.static import constant_of
 from onnax.passes.simplify_fold import MAX_FOLDED_ELEMENTS, fold_node, foldable
 
-__all__ = ["SimplifyLocally"]
+__all__ = ["LiftConstants", "MergeEqualConstants", "SimplifyLocally"]
+
+MERGED_CONSTANT_ELEMENTS = 64
+"""Constants up to this size are compared by value (hashing more would cost more than it saves)."""
 
 
 class SimplifyLocally(passes.InPlacePass):
@@ -48,6 +51,83 @@ class SimplifyLocally(passes.InPlacePass):
         modified = False
         for graph in list(model.graphs()):
             modified = sweep.run(graph) or modified
+        return passes.PassResult(model, modified=modified)
+
+
+class LiftConstants(passes.InPlacePass):
+    """Turns the main graph's ``Constant`` nodes into initializers.
+
+    The rules emit their constants (axes, ones, folded shapes) as nodes; as initializers they
+    cost no node to run or to count. onnx_ir's ``LiftConstantsToInitializersPass`` also lifts
+    into subgraphs; bodies keep their Constant nodes here, as the rules made them. A model of
+    IR version < 4 must list initializers among its inputs, so there nothing is lifted.
+    """
+
+    def call(self, model: ir.Model) -> passes.PassResult:
+        """Lifts the constants of ``model``'s main graph."""
+        graph = model.graph
+        if model.ir_version < 4:
+            return passes.PassResult(model, modified=False)
+        modified = False
+        for node in list(graph):
+            if node.op_type != "Constant" or node.domain != "" or len(node.attributes) != 1:
+                continue
+            out = node.outputs[0]
+            if out.is_graph_output() or not out.name or out.name in graph.initializers:
+                continue
+            attr = next(iter(node.attributes.values()))
+            if attr.is_ref():
+                continue
+            if attr.name == "value":
+                tensor = attr.as_tensor()
+            else:
+                array = constant_of(out)
+                if array is None:
+                    continue
+                tensor = ir.tensor(array)
+            name = out.name
+            init = ir.Value(
+                name=name,
+                type=ir.TensorType(tensor.dtype),
+                shape=ir.Shape(list(tensor.shape.numpy())),
+                const_value=tensor,
+            )
+            out.name = None
+            graph.register_initializer(init)
+            out.replace_all_uses_with(init)
+            graph.remove(node, safe=True)
+            modified = True
+        return passes.PassResult(model, modified=modified)
+
+
+class MergeEqualConstants(passes.InPlacePass):
+    """Makes the main graph read one value per small constant content.
+
+    CSE compares its nodes' inputs by identity: two nodes reading equal constants from
+    different sources stay apart. That is what a second transform meets: the constants the
+    first one lifted (:class:`LiftConstants`) are initializers, the ones its rules emit are
+    Constant nodes with the same content. Initializers come first (they precede every node),
+    then Constant nodes in graph order, so every use moves to a value defined before it.
+    """
+
+    def call(self, model: ir.Model) -> passes.PassResult:
+        """Merges the equal constants of ``model``'s main graph."""
+        graph = model.graph
+        first: dict[tuple[str, tuple[int, ...], bytes], ir.Value] = {}
+        candidates = [v for v in graph.initializers.values() if not v.is_graph_input()]
+        candidates += [n.outputs[0] for n in graph if n.op_type == "Constant" and n.domain == ""]
+        modified = False
+        for value in candidates:
+            if value.is_graph_output() or not _small(value, MERGED_CONSTANT_ELEMENTS):
+                continue
+            array = constant_of(value)
+            if array is None or array.dtype == object:
+                continue
+            key = (array.dtype.str, array.shape, array.tobytes())
+            kept = first.setdefault(key, value)
+            if kept is not value and value.uses():
+                value.replace_all_uses_with(kept)
+                modified = True
         return passes.PassResult(model, modified=modified)
 
 
@@ -256,6 +336,8 @@ class _Sweep:
             args = [self.constant(v) for v in node.inputs]
             if any(a is None for a, v in zip(args, node.inputs, strict=True) if v is not None):
                 return False
+            if any(v is not None and _orphaned(v, node) for v in node.inputs):
+                return False
         result = fold_node(node, args)
         if result is None:
             return False
@@ -273,15 +355,26 @@ class _Sweep:
         return True
 
 
-def _small(value: ir.Value) -> bool:
+def _small(value: ir.Value, limit: int = MAX_FOLDED_ELEMENTS) -> bool:
     """Whether a constant is small enough to read (reading a weight would cost its size)."""
     if value.const_value is not None:
-        return value.const_value.size <= MAX_FOLDED_ELEMENTS
+        return value.const_value.size <= limit
     node = value.producer()
     if node is None or node.op_type != "Constant" or node.domain != "":
         return False
     attr = node.attributes.get("value")
-    return attr is None or attr.is_ref() or attr.as_tensor().size <= MAX_FOLDED_ELEMENTS
+    return attr is None or attr.is_ref() or attr.as_tensor().size <= limit
+
+
+def _orphaned(value: ir.Value, node: ir.Node) -> bool:
+    """Whether folding ``node`` would leave the initializer ``value`` without a use.
+
+    Dead-code removal then drops it, and a weight would vanish from the model: a later
+    transform could no longer select it by name. Only a node that reads a weight that other
+    nodes read too (the rules' ``Transpose(W)`` next to the forward's ``MatMul(x, W)``, the
+    arithmetic on a normalisation's statistics) is folded.
+    """
+    return value.is_initializer() and all(use.node is node for use in value.uses())
 
 
 def _producer(value: ir.Value | None, *ops: str) -> ir.Node | None:

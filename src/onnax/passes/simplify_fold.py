@@ -19,8 +19,9 @@ import onnx_ir as ir
 
 __all__ = ["MAX_FOLDED_ELEMENTS", "fold_node", "foldable"]
 
-MAX_FOLDED_ELEMENTS = 1024
-"""Inputs and results larger than this stay computed: folding is for shapes, not for data."""
+MAX_FOLDED_ELEMENTS = 4096
+"""Inputs and results larger than this stay computed: folding is for shapes and small
+parameters (a normalisation's per-channel scale, a small weight's transpose), not for data."""
 
 Kernel = Callable[[ir.Node, list[np.ndarray | None]], np.ndarray | None]
 
@@ -75,6 +76,13 @@ def _unary(fn: Callable[[np.ndarray], np.ndarray]) -> Kernel:
         return np.asarray(fn(x))
 
     return kernel
+
+
+def _transpose(node: ir.Node, args: list[np.ndarray | None]) -> np.ndarray | None:
+    (x,) = args
+    assert x is not None
+    perm = node.attributes.get("perm")
+    return np.transpose(x, None if perm is None else [int(p) for p in perm.as_ints()])
 
 
 def _unsqueeze(node: ir.Node, args: list[np.ndarray | None]) -> np.ndarray | None:
@@ -251,6 +259,10 @@ _KERNELS: dict[str, Kernel] = {
     "Mul": _binary(np.multiply),
     "Div": _div,
     "Neg": _unary(np.negative),
+    # Correctly rounded in IEEE arithmetic, so numpy and the runtime agree bit for bit.
+    "Sqrt": _unary(np.sqrt),
+    "Reciprocal": _unary(np.reciprocal),
+    "Transpose": _transpose,
     "Abs": _unary(np.abs),
     "Max": _variadic(np.maximum),
     "Min": _variadic(np.minimum),
