@@ -263,16 +263,17 @@ class _Sweep:
         inner = self.axes(up)
         x = up.inputs[0]
         r = self.rank(x)
-        if inner is None or (r is None and min(axes + inner, default=0) < 0):
+        if inner is None:
             return self.same_shape(node)
         if up.op_type == "Squeeze":
-            # Squeeze(x, a) then Unsqueeze(a): the rank is back to r and the dims were 1.
-            if r is not None and _normal(inner, r) == _normal(axes, r) == sorted(set(inner)):
-                return _forward(node, x)
-            if r is None and sorted(inner) == sorted(axes) == sorted(set(axes)):
+            # Squeeze(x, a) then Unsqueeze(a): both read their axes against x's rank r, the
+            # rank is back to r and the dimensions removed were 1.
+            if _same_axes(inner, axes, r):
                 return _forward(node, x)
             return self.same_shape(node)
         # Unsqueeze(Unsqueeze(x, inner), axes): one Unsqueeze inserting both sets of axes.
+        if r is None and min(axes + inner) < 0:
+            return self.same_shape(node)
         k = len(inner) + len(axes)
         outer = _normal(axes, r + k) if r is not None else sorted(axes)
         mid = _normal(inner, r + len(inner)) if r is not None else sorted(inner)
@@ -296,12 +297,8 @@ class _Sweep:
         r = self.rank(x)
         if inner is None:
             return self.same_shape(node)
-        if r is not None:
-            rank = r + len(inner)
-            same = _normal(axes, rank) == _normal(inner, rank) == sorted({a % rank for a in inner})
-        else:
-            same = min(axes + inner, default=0) >= 0 and sorted(axes) == sorted(set(inner))
-        if same and len(axes) == len(inner):
+        # Unsqueeze(x, a) then Squeeze(a): both read their axes against the same rank.
+        if _same_axes(inner, axes, r + len(inner) if r is not None else None):
             return _forward(node, x)
         return self.same_shape(node)
 
@@ -399,6 +396,14 @@ def _perm(node: ir.Node) -> list[int] | None:
 
 def _normal(axes: list[int], rank: int) -> list[int]:
     return sorted(a % rank for a in axes) if all(-rank <= a < rank for a in axes) else [-1]
+
+
+def _same_axes(first: list[int], second: list[int], rank: int | None) -> bool:
+    """Whether two axes lists, read against the same rank, name the same distinct axes."""
+    if rank is not None:
+        a, b = _normal(first, rank), _normal(second, rank)
+        return a == b and -1 not in a and len(set(a)) == len(a)
+    return sorted(first) == sorted(second) and len(set(first)) == len(first)
 
 
 def _free_positions(taken: list[int], count: int) -> list[int]:
