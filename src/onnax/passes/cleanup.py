@@ -9,10 +9,9 @@ and reordered on its own (onnx_ir's own passes where they do what is needed):
 3. :class:`SortGraph`, :class:`FixOutputs`, ``NameFixPass``, :class:`UniqueNamesAcrossScopes`
    and :class:`NameMainGraph`;
 4. :class:`AnnotateShapes`;
-5. the simplification, on the annotated types and shapes: :class:`FixedPoint` of
+5. the simplification, on the annotated types and shapes: a :class:`FixedPoint` of
    :class:`~onnax.passes.simplify.SimplifyLocally` (chain collapsing, Identity removal,
-   folding of shape arithmetic), :class:`~onnax.passes.simplify.MergeEqualConstants` and CSE, then dead code again, names for what it created and
-   :class:`~onnax.passes.simplify.LiftConstants`.
+   folding of shape arithmetic) and CSE, then dead code again and names for what it created.
    Its rewrites keep every output value's type and shape true, so the annotation stands.
 """
 
@@ -28,7 +27,7 @@ from onnx_shape_inference import OpUsageError, ShapeInferenceError
 from onnax.core.batching import detach
 from onnax.core.inference import RANK_GUESSED, infer_shapes
 from onnax.core.subgraphs import graph_attributes
-from onnax.passes.simplify import LiftConstants, MergeEqualConstants, SimplifyLocally
+from onnax.passes.simplify import SimplifyLocally, remove_unused
 from onnax.passes.steps import Steps
 
 __all__ = [
@@ -78,12 +77,11 @@ class Cleanup(Steps):
             UniqueNamesAcrossScopes(),
             NameMainGraph(),
             AnnotateShapes(),
-            FixedPoint(SimplifyLocally(), MergeEqualConstants(), EliminateCommonSubexpressions()),
+            FixedPoint(SimplifyLocally(), EliminateCommonSubexpressions()),
             RemoveDeadNodes(),
             common.RemoveUnusedNodesPass(),
             common.NameFixPass(),
             UniqueNamesAcrossScopes(),
-            LiftConstants(),
         )
 
 
@@ -91,7 +89,10 @@ class FixedPoint(Steps):
     """Runs its steps again while one of them changes the model (at most ``rounds`` times).
 
     A rewrite can make two nodes equal for CSE, and CSE can give a rewrite a chain to collapse;
-    each round is linear, and a few rounds reach the fixed point on the models seen.
+    each round is linear, and a few rounds reach the fixed point on the models seen. The first
+    step must reach its own fixed point in one run (the local rewrites do: one topological
+    sweep collapses a whole chain), so a round in which only the first step changed anything
+    ends the loop without a round that would only confirm it.
     """
 
     def __init__(self, *steps: passes.PassBase, rounds: int = 4) -> None:
@@ -102,11 +103,16 @@ class FixedPoint(Steps):
         """Runs the rounds on ``model``."""
         modified = False
         for _ in range(self.rounds):
-            result = super().call(model)
-            model = result.model
-            if not result.modified:
+            first, *rest = self.passes
+            result = first(model)
+            model, modified = result.model, modified or result.modified
+            again = False
+            for step in rest:
+                result = step(model)
+                model, again = result.model, again or result.modified
+            modified = modified or again
+            if not again:
                 break
-            modified = True
         return passes.PassResult(model, modified)
 
 
@@ -204,6 +210,7 @@ def _remove_dead_nodes(graph: ir.Graph) -> None:
     unbatched producer behind, and the model failed onnx.checker's order check).
     """
     outputs = frozenset(graph.outputs)
+    dead = []
     for node in reversed(list(graph)):
         if any(out in outputs or out.uses() for out in node.outputs):
             for body in graph_attributes(node):
@@ -211,7 +218,12 @@ def _remove_dead_nodes(graph: ir.Graph) -> None:
             continue
         for body in graph_attributes(node):
             detach(body)
-        graph.remove(node, safe=True)
+        # Its producers must see it gone at once (they come next); removal waits, as one
+        # call per node would cost the graph's outputs each time.
+        for i in range(len(node.inputs)):
+            node.replace_input_with(i, None)
+        dead.append(node)
+    remove_unused(graph, dead)
 
 
 def _fix_outputs(model: ir.Model) -> None:

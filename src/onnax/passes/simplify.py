@@ -27,13 +27,11 @@ import numpy as np
 import onnx_ir as ir
 import onnx_ir.passes as passes
 
+from onnax.core.inference import RANK_GUESSED
 from onnax.core.static import constant_of
 from onnax.passes.simplify_fold import MAX_FOLDED_ELEMENTS, fold_node, foldable
 
-__all__ = ["LiftConstants", "MergeEqualConstants", "SimplifyLocally"]
-
-MERGED_CONSTANT_ELEMENTS = 64
-"""Constants up to this size are compared by value (hashing more would cost more than it saves)."""
+__all__ = ["SimplifyLocally", "remove_unused"]
 
 
 class SimplifyLocally(passes.InPlacePass):
@@ -51,84 +49,13 @@ class SimplifyLocally(passes.InPlacePass):
         modified = False
         for graph in list(model.graphs()):
             modified = sweep.run(graph) or modified
+            remove_unused(graph, sweep.dropped)
+            sweep.dropped = []
         return passes.PassResult(model, modified=modified)
 
 
-class LiftConstants(passes.InPlacePass):
-    """Turns the main graph's ``Constant`` nodes into initializers.
-
-    The rules emit their constants (axes, ones, folded shapes) as nodes; as initializers they
-    cost no node to run or to count. onnx_ir's ``LiftConstantsToInitializersPass`` also lifts
-    into subgraphs; bodies keep their Constant nodes here, as the rules made them. A model of
-    IR version < 4 must list initializers among its inputs, so there nothing is lifted.
-    """
-
-    def call(self, model: ir.Model) -> passes.PassResult:
-        """Lifts the constants of ``model``'s main graph."""
-        graph = model.graph
-        if model.ir_version < 4:
-            return passes.PassResult(model, modified=False)
-        modified = False
-        for node in list(graph):
-            if node.op_type != "Constant" or node.domain != "" or len(node.attributes) != 1:
-                continue
-            out = node.outputs[0]
-            if out.is_graph_output() or not out.name or out.name in graph.initializers:
-                continue
-            attr = next(iter(node.attributes.values()))
-            if attr.is_ref():
-                continue
-            if attr.name == "value":
-                tensor = attr.as_tensor()
-            else:
-                array = constant_of(out)
-                if array is None:
-                    continue
-                tensor = ir.tensor(array)
-            name = out.name
-            init = ir.Value(
-                name=name,
-                type=ir.TensorType(tensor.dtype),
-                shape=ir.Shape(list(tensor.shape.numpy())),
-                const_value=tensor,
-            )
-            out.name = None
-            graph.register_initializer(init)
-            out.replace_all_uses_with(init)
-            graph.remove(node, safe=True)
-            modified = True
-        return passes.PassResult(model, modified=modified)
-
-
-class MergeEqualConstants(passes.InPlacePass):
-    """Makes the main graph read one value per small constant content.
-
-    CSE compares its nodes' inputs by identity: two nodes reading equal constants from
-    different sources stay apart. That is what a second transform meets: the constants the
-    first one lifted (:class:`LiftConstants`) are initializers, the ones its rules emit are
-    Constant nodes with the same content. Initializers come first (they precede every node),
-    then Constant nodes in graph order, so every use moves to a value defined before it.
-    """
-
-    def call(self, model: ir.Model) -> passes.PassResult:
-        """Merges the equal constants of ``model``'s main graph."""
-        graph = model.graph
-        first: dict[tuple[str, tuple[int, ...], bytes], ir.Value] = {}
-        candidates = [v for v in graph.initializers.values() if not v.is_graph_input()]
-        candidates += [n.outputs[0] for n in graph if n.op_type == "Constant" and n.domain == ""]
-        modified = False
-        for value in candidates:
-            if value.is_graph_output() or not _small(value, MERGED_CONSTANT_ELEMENTS):
-                continue
-            array = constant_of(value)
-            if array is None or array.dtype == object:
-                continue
-            key = (array.dtype.str, array.shape, array.tobytes())
-            kept = first.setdefault(key, value)
-            if kept is not value and value.uses():
-                value.replace_all_uses_with(kept)
-                modified = True
-        return passes.PassResult(model, modified=modified)
+_DROPPED = "onnax.simplify_dropped"
+"""``node.meta`` key of a node a rewrite removed (it leaves the graph at the end of the sweep)."""
 
 
 class _Sweep:
@@ -136,6 +63,10 @@ class _Sweep:
 
     def __init__(self, main: ir.Graph) -> None:
         self.main = main
+        # Where inference guessed a rank (see RANK_GUESSED), annotated shapes may rest on the
+        # guess: then no rewrite reads them.
+        self.trusted = main.meta.get(RANK_GUESSED) is False
+        self.dropped: list[ir.Node] = []
         self.known: dict[ir.Value, np.ndarray | None] = {}
         self.rules: dict[str, Callable[[ir.Node], bool]] = {
             "Identity": self.identity,
@@ -151,16 +82,28 @@ class _Sweep:
     def run(self, graph: ir.Graph) -> bool:
         modified = False
         for node in list(graph):
-            if node.graph is not graph or node.domain != "":
+            if node.meta.get(_DROPPED) or node.domain != "":
                 continue  # removed by an earlier rewrite, or not an ONNX operator
             rule = self.rules.get(node.op_type)
             if rule is not None and rule(node):
                 modified = True
-                if node.graph is not graph:
+                if node.meta.get(_DROPPED):
                     continue
             if foldable(node) and self.fold(node):
                 modified = True
         return modified
+
+    def forward(self, node: ir.Node, x: ir.Value) -> bool:
+        """:func:`_forward`, recording the node when it goes."""
+        if not _forward(node, x):
+            return False
+        if node.meta.get(_DROPPED):
+            self.dropped.append(node)
+        return True
+
+    def drop(self, node: ir.Node) -> None:
+        _detach(node)
+        self.dropped.append(node)
 
     # -- reading the graph ------------------------------------------------------------------
 
@@ -175,7 +118,12 @@ class _Sweep:
         if value in self.known:
             return self.known[value]
         array: np.ndarray | None = None
-        if _small(value):
+        producer = value.producer()
+        # Only Constant nodes. Inference may put a const_value on any value whose content it
+        # propagated, from shapes that can rest on a guessed rank. And an initializer is a
+        # parameter a later transform may differentiate (selections name initializers): a
+        # folded Transpose(W) would have no tangent in jvp(grad(m), W).
+        if producer is not None and producer.op_type == "Constant" and _small(value):
             array = constant_of(value)
         self.known[value] = array
         return array
@@ -192,16 +140,26 @@ class _Sweep:
         The declared shape of a subgraph input (a Loop's carried value) need not hold in every
         iteration, so it is not used.
         """
-        if value is None or value.shape is None or not value.shape.is_static():
+        if not self.trusted or value is None or value.shape is None:
+            return None
+        if not value.shape.is_static():
             return None
         if value.is_graph_input() and value.graph is not self.main:
             return None
         return [int(d) for d in value.shape.numpy()]
 
     def rank(self, value: ir.Value | None) -> int | None:
-        if value is None or value.shape is None:
+        if not self.trusted or value is None or value.shape is None:
             return None
         return len(value.shape)
+
+    def perm(self, node: ir.Node) -> list[int] | None:
+        """A Transpose's permutation (reversing the axes when absent and the rank is known)."""
+        attr = node.attributes.get("perm")
+        if attr is not None:
+            return [int(p) for p in attr.as_ints()]
+        rank = self.rank(node.inputs[0])
+        return None if rank is None else list(reversed(range(rank)))
 
     def axes(self, node: ir.Node) -> list[int] | None:
         """The constant ``axes`` of a Squeeze/Unsqueeze, input (opset 13+) or attribute."""
@@ -214,15 +172,15 @@ class _Sweep:
 
     def identity(self, node: ir.Node) -> bool:
         x = node.inputs[0] if node.inputs else None
-        return x is not None and _forward(node, x)
+        return x is not None and self.forward(node, x)
 
     def transpose(self, node: ir.Node) -> bool:
-        perm = _perm(node)
+        perm = self.perm(node)
         if perm is None:
             return False
         changed = False
         up = _producer(node.inputs[0], "Transpose")
-        inner = _perm(up) if up is not None else None
+        inner = self.perm(up) if up is not None else None
         if up is not None and inner is not None and len(inner) == len(perm):
             # y[j] = t[perm[j]] = x[inner[perm[j]]]
             perm = [inner[p] for p in perm]
@@ -231,18 +189,21 @@ class _Sweep:
             changed = True
         x = node.inputs[0]
         if x is not None and perm == list(range(len(perm))):
-            return _forward(node, x) or changed
+            return self.forward(node, x) or changed
         return changed
 
     def reshape(self, node: ir.Node) -> bool:
-        x = node.inputs[0]
         target = self.ints(node.inputs[1]) if len(node.inputs) > 1 else None
         changed = False
-        up = _producer(x, "Reshape", "Flatten", "Squeeze", "Unsqueeze")
         keeps_zeros = bool(node.attributes.get_int("allowzero", 0))
-        if up is not None and target is not None and (keeps_zeros or 0 not in target):
-            # A reshape only reads its input's element count (but for 0 = "copy this
-            # dimension"), which a reshape-like producer does not change.
+        if target is None or not (keeps_zeros or 0 not in target):
+            return self.same_shape(node)
+        # A reshape only reads its input's element count (but for 0 = "copy this dimension"),
+        # which a reshape-like producer does not change: read past all of them (the value
+        # reached may itself come from a Reshape that an earlier rewrite kept for its users).
+        while (
+            up := _producer(node.inputs[0], "Reshape", "Flatten", "Squeeze", "Unsqueeze")
+        ) is not None:
             node.replace_input_with(0, up.inputs[0])
             changed = True
         return self.same_shape(node) or changed
@@ -253,7 +214,7 @@ class _Sweep:
         before, after = self.static_dims(x), self.static_dims(node.outputs[0])
         if x is None or before is None or before != after:
             return False
-        return _forward(node, x)
+        return self.forward(node, x)
 
     def unsqueeze(self, node: ir.Node) -> bool:
         axes = self.axes(node)
@@ -269,7 +230,7 @@ class _Sweep:
             # Squeeze(x, a) then Unsqueeze(a): both read their axes against x's rank r, the
             # rank is back to r and the dimensions removed were 1.
             if _same_axes(inner, axes, r):
-                return _forward(node, x)
+                return self.forward(node, x)
             return self.same_shape(node)
         # Unsqueeze(Unsqueeze(x, inner), axes): one Unsqueeze inserting both sets of axes.
         if r is None and min(axes + inner) < 0:
@@ -299,7 +260,7 @@ class _Sweep:
             return self.same_shape(node)
         # Unsqueeze(x, a) then Squeeze(a): both read their axes against the same rank.
         if _same_axes(inner, axes, r + len(inner) if r is not None else None):
-            return _forward(node, x)
+            return self.forward(node, x)
         return self.same_shape(node)
 
     def cast(self, node: ir.Node) -> bool:
@@ -315,7 +276,7 @@ class _Sweep:
                 x = up.inputs[0]
                 changed = True
         if x is not None and x.dtype is not None and x.dtype == to:
-            return _forward(node, x) or changed
+            return self.forward(node, x) or changed
         return changed
 
     # -- folding ------------------------------------------------------------------------------
@@ -333,27 +294,30 @@ class _Sweep:
             args = [self.constant(v) for v in node.inputs]
             if any(a is None for a, v in zip(args, node.inputs, strict=True) if v is not None):
                 return False
-            if any(v is not None and _orphaned(v, node) for v in node.inputs):
-                return False
         result = fold_node(node, args)
         if result is None:
             return False
         graph = node.graph
         assert graph is not None
-        const = ir.node("Constant", [], attributes={"value": ir.tensor(result)})
+        const = _constant(result)
         new = const.outputs[0]
         new.name = out.name
         new.type = ir.TensorType(ir.DataType.from_numpy(result.dtype))
         new.shape = ir.Shape(list(result.shape))
         graph.insert_before(node, const)
         out.replace_all_uses_with(new)
-        graph.remove(node, safe=True)
+        self.drop(node)
         self.known[new] = result
         return True
 
 
+def _constant(array: np.ndarray) -> ir.Node:
+    """A Constant node holding ``array`` (built directly: ``ir.node`` checks types slowly)."""
+    return ir.Node("", "Constant", [], [ir.AttrTensor("value", ir.Tensor(array))], num_outputs=1)
+
+
 def _small(value: ir.Value, limit: int = MAX_FOLDED_ELEMENTS) -> bool:
-    """Whether a constant is small enough to read (reading a weight would cost its size)."""
+    """Whether a Constant is small enough to read (reading a big one would cost its size)."""
     if value.const_value is not None:
         return value.const_value.size <= limit
     node = value.producer()
@@ -361,17 +325,6 @@ def _small(value: ir.Value, limit: int = MAX_FOLDED_ELEMENTS) -> bool:
         return False
     attr = node.attributes.get("value")
     return attr is None or attr.is_ref() or attr.as_tensor().size <= limit
-
-
-def _orphaned(value: ir.Value, node: ir.Node) -> bool:
-    """Whether folding ``node`` would leave the initializer ``value`` without a use.
-
-    Dead-code removal then drops it, and a weight would vanish from the model: a later
-    transform could no longer select it by name. Only a node that reads a weight that other
-    nodes read too (the rules' ``Transpose(W)`` next to the forward's ``MatMul(x, W)``, the
-    arithmetic on a normalisation's statistics) is folded.
-    """
-    return value.is_initializer() and all(use.node is node for use in value.uses())
 
 
 def _producer(value: ir.Value | None, *ops: str) -> ir.Node | None:
@@ -382,16 +335,6 @@ def _producer(value: ir.Value | None, *ops: str) -> ir.Node | None:
     if not node.inputs or node.inputs[0] is None:
         return None
     return node
-
-
-def _perm(node: ir.Node) -> list[int] | None:
-    attr = node.attributes.get("perm")
-    if attr is not None:
-        return [int(p) for p in attr.as_ints()]
-    x = node.inputs[0]
-    if x is None or x.shape is None:
-        return None
-    return list(reversed(range(len(x.shape))))
 
 
 def _normal(axes: list[int], rank: int) -> list[int]:
@@ -418,7 +361,7 @@ def _free_positions(taken: list[int], count: int) -> list[int]:
 
 def _set_axes(node: ir.Node, axes: list[int]) -> None:
     if len(node.inputs) > 1:
-        const = ir.node("Constant", [], attributes={"value": ir.tensor(np.array(axes, np.int64))})
+        const = _constant(np.array(axes, np.int64))
         const.outputs[0].name = f"{node.outputs[0].name or 'unsqueeze'}_axes"
         const.outputs[0].type = ir.TensorType(ir.DataType.INT64)
         const.outputs[0].shape = ir.Shape([len(axes)])
@@ -516,5 +459,27 @@ def _forward(node: ir.Node, x: ir.Value) -> bool:
         x.shape = ir.Shape(shape) if shape is not None else None
     else:
         out.replace_all_uses_with(x)
-    graph.remove(node, safe=True)
+    _detach(node)
     return True
+
+
+def _detach(node: ir.Node) -> None:
+    """Makes a node about to be removed stop using its inputs (and marks it removed)."""
+    for i in range(len(node.inputs)):
+        if node.inputs[i] is not None:
+            node.replace_input_with(i, None)
+    node.meta[_DROPPED] = True
+
+
+def remove_unused(graph: ir.Graph, nodes: list[ir.Node]) -> None:
+    """Removes nodes whose outputs nothing uses any more, all in one call.
+
+    ``graph.remove`` makes a set of the graph's outputs on every call, a list that grows with
+    the model (a gradient w.r.t. every weight has thousands): removing nodes one call at a
+    time is quadratic. The callers know the outputs are unused and no graph output; the nodes
+    only have to stop using their inputs.
+    """
+    for node in nodes:
+        _detach(node)
+    if nodes:
+        graph.remove(nodes)

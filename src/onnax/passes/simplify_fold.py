@@ -23,6 +23,10 @@ MAX_FOLDED_ELEMENTS = 4096
 """Inputs and results larger than this stay computed: folding is for shapes and small
 parameters (a normalisation's per-channel scale, a small weight's transpose), not for data."""
 
+MAX_MATERIALISED_ELEMENTS = 64
+"""``Expand`` and ``ConstantOfShape`` make data out of a shape: beyond this, the broadcast stays
+(it costs nothing to run, a stored tensor costs its size)."""
+
 Kernel = Callable[[ir.Node, list[np.ndarray | None]], np.ndarray | None]
 
 
@@ -222,7 +226,7 @@ def _range(node: ir.Node, args: list[np.ndarray | None]) -> np.ndarray | None:
 def _constant_of_shape(node: ir.Node, args: list[np.ndarray | None]) -> np.ndarray | None:
     shape = _int_list(args[0])
     assert shape is not None
-    if int(np.prod(shape)) > MAX_FOLDED_ELEMENTS:
+    if int(np.prod(shape)) > MAX_MATERIALISED_ELEMENTS:
         return None
     attr = node.attributes.get("value")
     fill = attr.as_tensor().numpy().reshape(-1) if attr is not None else np.zeros(1, np.float32)
@@ -233,7 +237,7 @@ def _expand(node: ir.Node, args: list[np.ndarray | None]) -> np.ndarray | None:
     x, shape = args[0], _int_list(args[1])
     assert x is not None and shape is not None
     out = np.broadcast_shapes(x.shape, tuple(shape))
-    if int(np.prod(out)) > MAX_FOLDED_ELEMENTS:
+    if int(np.prod(out)) > MAX_MATERIALISED_ELEMENTS:
         return None
     return np.broadcast_to(x, out).copy()
 
@@ -315,4 +319,5 @@ def fold_node(node: ir.Node, args: Sequence[np.ndarray | None]) -> np.ndarray | 
         return None
     if result is None or result.size > MAX_FOLDED_ELEMENTS or result.dtype == object:
         return None
-    return np.asarray(result)
+    # A copy: a view would keep the input's buffer (a memory-mapped external weight) alive.
+    return np.array(result, copy=True)
