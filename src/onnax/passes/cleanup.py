@@ -9,7 +9,7 @@ and reordered on its own (onnx_ir's own passes where they do what is needed):
 3. :class:`SortGraph`, :class:`FixOutputs`, ``NameFixPass``, :class:`UniqueNamesAcrossScopes`
    and :class:`NameMainGraph`;
 4. :class:`AnnotateShapes`;
-5. the simplification, on the annotated types and shapes: a :class:`FixedPoint` of
+5. :class:`Simplify`, on the annotated types and shapes: a :class:`FixedPoint` of
    :class:`~onnax.passes.simplify.SimplifyLocally` (chain collapsing, Identity removal,
    folding of shape arithmetic) and CSE, then dead code again and names for what it created.
    Its rewrites keep every output value's type and shape true, so the annotation stands.
@@ -38,6 +38,7 @@ __all__ = [
     "FixedPoint",
     "NameMainGraph",
     "RemoveDeadNodes",
+    "Simplify",
     "SortGraph",
     "UniqueNamesAcrossScopes",
     "cleanup",
@@ -77,12 +78,34 @@ class Cleanup(Steps):
             UniqueNamesAcrossScopes(),
             NameMainGraph(),
             AnnotateShapes(),
+            Simplify(),
+        )
+
+
+class Simplify(Steps):
+    """The simplification: the local rewrites and CSE to a fixed point, then what they need.
+
+    Dead code and names for the values it created are tidied only when it changed something.
+    """
+
+    def __init__(self) -> None:
+        super().__init__(
             FixedPoint(SimplifyLocally(), EliminateCommonSubexpressions()),
             RemoveDeadNodes(),
             common.RemoveUnusedNodesPass(),
             common.NameFixPass(),
             UniqueNamesAcrossScopes(),
         )
+
+    def call(self, model: ir.Model) -> passes.PassResult:
+        """Runs the simplification on ``model``."""
+        first, *rest = self.passes
+        result = first(model)
+        if not result.modified:
+            return result
+        for step in rest:
+            model = step(result.model).model
+        return passes.PassResult(model, modified=True)
 
 
 class FixedPoint(Steps):
