@@ -8,7 +8,11 @@ and reordered on its own (onnx_ir's own passes where they do what is needed):
    the outputs' declared types), then dead code again;
 3. :class:`SortGraph`, :class:`FixOutputs`, ``NameFixPass``, :class:`UniqueNamesAcrossScopes`
    and :class:`NameMainGraph`;
-4. :class:`AnnotateShapes`.
+4. :class:`AnnotateShapes`;
+5. :class:`Simplify`, on the annotated types and shapes: a :class:`FixedPoint` of
+   :class:`~onnax.passes.simplify.SimplifyLocally` (chain collapsing, Identity removal,
+   folding of shape arithmetic) and CSE, then dead code again and names for what it created.
+   Its rewrites keep every output value's type and shape true, so the annotation stands.
 """
 
 from __future__ import annotations
@@ -23,6 +27,7 @@ from onnx_shape_inference import OpUsageError, ShapeInferenceError
 from onnax.core.batching import detach
 from onnax.core.inference import RANK_GUESSED, infer_shapes
 from onnax.core.subgraphs import graph_attributes
+from onnax.passes.simplify import SimplifyLocally, remove_unused
 from onnax.passes.steps import Steps
 
 __all__ = [
@@ -30,8 +35,10 @@ __all__ = [
     "Cleanup",
     "EliminateCommonSubexpressions",
     "FixOutputs",
+    "FixedPoint",
     "NameMainGraph",
     "RemoveDeadNodes",
+    "Simplify",
     "SortGraph",
     "UniqueNamesAcrossScopes",
     "cleanup",
@@ -71,7 +78,65 @@ class Cleanup(Steps):
             UniqueNamesAcrossScopes(),
             NameMainGraph(),
             AnnotateShapes(),
+            Simplify(),
         )
+
+
+class Simplify(Steps):
+    """The simplification: the local rewrites and CSE to a fixed point, then what they need.
+
+    Dead code and names for the values it created are tidied only when it changed something.
+    """
+
+    def __init__(self) -> None:
+        super().__init__(
+            FixedPoint(SimplifyLocally(), EliminateCommonSubexpressions()),
+            RemoveDeadNodes(),
+            common.RemoveUnusedNodesPass(),
+            common.NameFixPass(),
+            UniqueNamesAcrossScopes(),
+        )
+
+    def call(self, model: ir.Model) -> passes.PassResult:
+        """Runs the simplification on ``model``."""
+        first, *rest = self.passes
+        result = first(model)
+        if not result.modified:
+            return result
+        for step in rest:
+            model = step(result.model).model
+        return passes.PassResult(model, modified=True)
+
+
+class FixedPoint(Steps):
+    """Runs its steps again while one of them changes the model (at most ``rounds`` times).
+
+    A rewrite can make two nodes equal for CSE, and CSE can give a rewrite a chain to collapse;
+    each round is linear, and a few rounds reach the fixed point on the models seen. The first
+    step must reach its own fixed point in one run (the local rewrites do: one topological
+    sweep collapses a whole chain), so a round in which only the first step changed anything
+    ends the loop without a round that would only confirm it.
+    """
+
+    def __init__(self, *steps: passes.PassBase, rounds: int = 4) -> None:
+        super().__init__(*steps)
+        self.rounds = rounds
+
+    def call(self, model: ir.Model) -> passes.PassResult:
+        """Runs the rounds on ``model``."""
+        modified = False
+        for _ in range(self.rounds):
+            first, *rest = self.passes
+            result = first(model)
+            model, modified = result.model, modified or result.modified
+            again = False
+            for step in rest:
+                result = step(model)
+                model, again = result.model, again or result.modified
+            modified = modified or again
+            if not again:
+                break
+        return passes.PassResult(model, modified)
 
 
 class RemoveDeadNodes(passes.InPlacePass):
@@ -168,6 +233,7 @@ def _remove_dead_nodes(graph: ir.Graph) -> None:
     unbatched producer behind, and the model failed onnx.checker's order check).
     """
     outputs = frozenset(graph.outputs)
+    dead = []
     for node in reversed(list(graph)):
         if any(out in outputs or out.uses() for out in node.outputs):
             for body in graph_attributes(node):
@@ -175,7 +241,12 @@ def _remove_dead_nodes(graph: ir.Graph) -> None:
             continue
         for body in graph_attributes(node):
             detach(body)
-        graph.remove(node, safe=True)
+        # Its producers must see it gone at once (they come next); removal waits, as one
+        # call per node would cost the graph's outputs each time.
+        for i in range(len(node.inputs)):
+            node.replace_input_with(i, None)
+        dead.append(node)
+    remove_unused(graph, dead)
 
 
 def _fix_outputs(model: ir.Model) -> None:
