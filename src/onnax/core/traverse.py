@@ -23,7 +23,8 @@ _GRAPHS = ir.AttributeType.GRAPHS
 def bodies(node: ir.Node) -> list[ir.Graph]:
     """The graphs held by the node's attributes, in attribute order."""
     found: list[ir.Graph] = []
-    for attr in node.attributes.values():
+    # The dict under the UserDict: its values() is a C loop, UserDict's a Python generator.
+    for attr in node.attributes.data.values():
         kind = attr.type
         if kind is _GRAPH:
             found.append(attr.value)
