@@ -3,7 +3,7 @@
 Usage::
 
     uv run python tests/benchmarks/bench_scale.py [--sizes 1000,10000,100000]
-        [--transforms jvp,vjp,grad,jvp_grad] [--budget 600] [--profile grad@10000]
+        [--transforms jvp,vjp,grad,jvp_grad] [--budget 600] [--floor] [--profile grad@10000]
 
 The network repeats a transformer-like residual block at a small hidden size (8): LayerNorm,
 MatMul + Add, Gelu or Tanh (alternating), MatMul, a Reshape/Transpose/Reshape round trip, a
@@ -17,6 +17,11 @@ Transforms: ``jvp`` and ``vjp`` w.r.t. the input, ``grad`` of the loss w.r.t. ev
 the input, and ``jvp_grad`` (forward over reverse: a Hessian-vector product w.r.t. the input).
 A size whose projected time exceeds ``--budget`` seconds is skipped with a message.
 
+``--floor`` also times onnx_shape_inference alone on each result (a copy, the collector
+paused as in a transform), in microseconds per primal node: every transform ends by inferring
+the shapes of its whole result (cleanup's AnnotateShapes), so no transform built that way can
+take less than this.
+
 ``--profile T@N`` runs transform T at size N under cProfile and prints where its time goes,
 by onnax module and by the top functions, to see which step (inference, cloning, naming,
 emission, cleanup) dominates per node.
@@ -27,6 +32,7 @@ from __future__ import annotations
 import argparse
 import collections
 import cProfile
+import gc
 import math
 import pstats
 import sys
@@ -36,6 +42,7 @@ from typing import Any
 
 import numpy as np
 import onnx_ir as ir
+from onnx_shape_inference import infer_symbolic_shapes
 
 import onnax
 
@@ -130,8 +137,25 @@ def _timed(fn: Callable[[], ir.Model]) -> tuple[float, ir.Model]:
     return time.process_time() - start, result
 
 
-def bench(sizes: Sequence[int], transforms: Sequence[str], budget: float) -> None:
-    print(f"{'transform':<9} {'nodes':>7} {'CPU s':>8} {'us/node':>8} {'result/primal':>13}")
+def _inference_seconds(result: ir.Model) -> float:
+    """CPU seconds of onnx_shape_inference alone on a copy of ``result``."""
+    copy = ir.from_proto(ir.to_proto(result))
+    was_enabled = gc.isenabled()
+    gc.disable()
+    try:
+        start = time.process_time()
+        infer_symbolic_shapes(copy, warn_on_missing=False)
+        return time.process_time() - start
+    finally:
+        if was_enabled:
+            gc.enable()
+
+
+def bench(
+    sizes: Sequence[int], transforms: Sequence[str], budget: float, floor: bool = False
+) -> None:
+    header = f"{'transform':<9} {'nodes':>7} {'CPU s':>8} {'us/node':>8} {'result/primal':>13}"
+    print(header + (f" {'inference us/node':>17}" if floor else ""))
     timings: dict[str, list[tuple[int, float]]] = collections.defaultdict(list)
     for size in sizes:
         model = residual_network(size)
@@ -147,11 +171,13 @@ def bench(sizes: Sequence[int], transforms: Sequence[str], budget: float) -> Non
             seconds, result = _timed(lambda: transform(model))  # noqa: B023 (called at once)
             timings[name].append((primal, seconds))
             ratio = _count(result) / primal
-            print(
+            row = (
                 f"{name:<9} {primal:>7} {seconds:>8.2f} {1e6 * seconds / primal:>8.0f} "
-                f"{ratio:>13.2f}",
-                flush=True,
+                f"{ratio:>13.2f}"
             )
+            if floor:
+                row += f" {1e6 * _inference_seconds(result) / primal:>17.0f}"
+            print(row, flush=True)
     print("\nlog-log slope of CPU time against size (1.0 = linear):")
     for name, points in timings.items():
         if len(points) >= 2:
@@ -193,6 +219,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--transforms", default=",".join(TRANSFORMS))
     parser.add_argument("--budget", type=float, default=600.0)
     parser.add_argument("--profile", default=None, help="T@N: profile transform T at N nodes")
+    parser.add_argument(
+        "--floor", action="store_true", help="also time shape inference alone on each result"
+    )
     args = parser.parse_args(argv)
     if args.profile:
         profile(args.profile)
@@ -202,7 +231,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     unknown = [t for t in transforms if t not in TRANSFORMS]
     if unknown:
         parser.error(f"unknown transforms {unknown}; choose from {list(TRANSFORMS)}")
-    bench(sizes, transforms, args.budget)
+    bench(sizes, transforms, args.budget, args.floor)
     return 0
 
 

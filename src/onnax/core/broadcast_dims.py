@@ -13,6 +13,8 @@ from __future__ import annotations
 
 import onnx_ir as ir
 
+from onnax.core.traverse import all_nodes
+
 __all__ = ["forget_guessed_broadcasts"]
 
 BROADCASTING = frozenset(
@@ -71,6 +73,6 @@ def forget_guessed_broadcasts(model: ir.Model) -> None:
     A broadcast reading a corrected value is judged on the corrected shape, so chains of
     elementwise operators follow; a graph output keeps what the user declared.
     """
-    for node in model.graph.all_nodes():
+    for node in all_nodes(model.graph):
         if node.domain in ("", "ai.onnx") and node.op_type in BROADCASTING:
             _forget(node)

@@ -17,6 +17,7 @@ from onnx_shape_inference import OpUsageError, ShapeInferenceError, infer_symbol
 
 from onnax.core.broadcast_dims import forget_guessed_broadcasts
 from onnax.core.shape_fill import complete_shapes
+from onnax.core.traverse import sort, subgraphs
 
 __all__ = ["RANK_GUESSED", "infer_shapes"]
 
@@ -41,12 +42,12 @@ def infer_shapes(model: ir.Model, *, complete: bool = True) -> None:
             inference where folding learns something).
     """
     declared = _declared_io_shapes(model)
-    model.graph.sort()
+    sort(model.graph)
     _infer_past_guesses(model)
     if complete:
         complete_shapes(model, _infer_past_guesses, _guessed_ranks)
     guessed = False
-    for graph in (model.graph, *model.graph.subgraphs()):
+    for graph in (model.graph, *subgraphs(model.graph)):
         guessed = _forget_guessed_ranks(graph) or guessed
     model.graph.meta[RANK_GUESSED] = bool(model.graph.meta.get(RANK_GUESSED)) or guessed
     forget_guessed_broadcasts(model)

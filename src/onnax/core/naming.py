@@ -15,6 +15,8 @@ from collections.abc import Iterable
 
 import onnx_ir as ir
 
+from onnax.core.traverse import model_graphs
+
 __all__ = ["DERIVATIVE_PREFIXES", "NameClaims", "derivative_outputs", "diff_prefix"]
 
 
@@ -85,7 +87,7 @@ class NameClaims:
 
     def __init__(self, model: ir.Model) -> None:
         self._owner: dict[str, ir.Value] = {}
-        for graph in model.graphs():
+        for graph in model_graphs(model):
             for v in (*graph.inputs, *graph.initializers.values()):
                 if v.name:
                     self._owner.setdefault(v.name, v)

@@ -44,6 +44,7 @@ import onnx_ir as ir
 from onnax.core.diagnostics import RANDOM_OPS
 from onnax.core.skeleton import skeleton_proto
 from onnax.core.static import evaluate, static_shape
+from onnax.core.traverse import subgraphs
 
 __all__ = ["MAX_FOLDED_ELEMENTS", "complete_shapes"]
 
@@ -113,7 +114,7 @@ def complete_shapes(
 # ------------------------------------------------------------------------------ folding
 def _graphs(graph: ir.Graph) -> Iterator[ir.Graph]:
     yield graph
-    yield from graph.subgraphs()
+    yield from subgraphs(graph)
 
 
 def _known(value: ir.Value | None) -> ir.TensorProtocol | None:

@@ -15,6 +15,7 @@ from typing import Protocol
 import onnx_ir as ir
 
 from onnax.core.emit import Emitter
+from onnax.core.traverse import model_graphs
 
 __all__ = [
     "TAKEN",
@@ -52,7 +53,7 @@ def name_values(model: ir.Model, prefix: str = "cf") -> None:
     onnx.checker and onnxruntime refuse. Here the main graph keeps its names and every other
     unnamed or clashing value, in any body, is renamed.
     """
-    graphs = list(model.graphs())
+    graphs = model_graphs(model)
     if len(graphs) == 1:
         return
     owner: dict[str, ir.Value] = {}

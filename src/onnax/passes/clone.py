@@ -19,6 +19,8 @@ from copy import deepcopy
 
 import onnx_ir as ir
 
+from onnax.core.traverse import model_graphs
+
 __all__ = ["clone_model"]
 
 
@@ -85,7 +87,7 @@ def _view(tensor: ir.TensorProtocol) -> ir.TensorProtocol:
 
 
 def _graphs(model: ir.Model) -> Iterator[ir.Graph | ir.Function]:
-    yield from model.graphs()
+    yield from model_graphs(model)
     for function in model.functions.values():
         yield function
         for node in function.all_nodes():

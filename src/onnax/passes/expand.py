@@ -30,6 +30,7 @@ from onnax.core.registry import Registry, batch_rules, lowerings
 from onnax.core.selection import is_float
 from onnax.core.static import constant_of
 from onnax.core.subgraphs import graph_attributes, subgraph_reads
+from onnax.core.traverse import model_graphs
 from onnax.errors import UnsupportedOperatorError
 from onnax.passes.fold import MAX_FOLDED_ELEMENTS, fold_constants
 from onnax.rules import collect
@@ -257,7 +258,7 @@ class _Expander:
         if self._used_names is None:
             self._used_names = {
                 v.name
-                for g in self.model.graphs()
+                for g in model_graphs(self.model)
                 for v in (*g.inputs, *(o for n in g for o in n.outputs))
                 if v.name
             }

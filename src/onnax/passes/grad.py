@@ -10,6 +10,7 @@ from onnax.core.emit import Emitter
 from onnax.core.gcpause import gc_paused
 from onnax.core.naming import NameClaims, diff_prefix, io_names
 from onnax.core.selection import format_shape, is_float, select_inputs, select_outputs
+from onnax.core.traverse import all_nodes
 from onnax.errors import SelectionError
 from onnax.passes.accumulate import Accumulate, accumulate_in_float, check_accumulate
 from onnax.passes.cleanup import cleanup
@@ -117,7 +118,7 @@ class GradPass(ir.passes.FunctionalPass):
         """Builds the gradient model; the argument is left untouched."""
         model = prepare(model, "grad")
         graph = model.graph
-        primal = set(graph.all_nodes())
+        primal = set(all_nodes(graph))
         y = scalar_output(graph, self.output)
         stopped = resolve_stops(model, self.stop_gradient, "grad")
         xs = select_inputs(graph, self.inputs, "grad")

@@ -10,6 +10,7 @@ from onnax.core.emit import Emitter
 from onnax.core.gcpause import gc_paused
 from onnax.core.naming import NameClaims, derivative_outputs, diff_prefix, io_names
 from onnax.core.selection import select_inputs, select_outputs
+from onnax.core.traverse import all_nodes
 from onnax.passes.accumulate import Accumulate, accumulate_in_float, check_accumulate
 from onnax.passes.cleanup import cleanup
 from onnax.passes.linearize import linearize
@@ -60,7 +61,7 @@ class JvpPass(ir.passes.FunctionalPass):
         """Builds the forward-mode model; the argument is left untouched."""
         model = prepare(model, "jvp")
         graph = model.graph
-        primal = set(graph.all_nodes())
+        primal = set(all_nodes(graph))
         stopped = resolve_stops(model, self.stop_gradient, "jvp")
         xs = select_inputs(graph, self.inputs, "jvp")
         xs = without_stopped(xs, stopped, self.inputs is not None, "jvp")

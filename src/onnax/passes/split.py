@@ -30,6 +30,7 @@ from onnax.core.gcpause import gc_paused
 from onnax.core.naming import NameClaims, derivative_outputs, diff_prefix, io_names
 from onnax.core.selection import select_inputs, select_outputs
 from onnax.core.subgraphs import graph_attributes, subgraph_reads
+from onnax.core.traverse import all_nodes, model_graphs
 from onnax.passes.accumulate import Accumulate, accumulate_in_float, check_accumulate
 from onnax.passes.cleanup import cleanup
 from onnax.passes.hoist import hoist_scan, reads
@@ -63,7 +64,7 @@ def joint_model(
     model = prepare(model, TRANSFORM)
     graph = model.graph
     n_in, n_out = len(graph.inputs), len(graph.outputs)
-    primal = set(graph.all_nodes())
+    primal = set(all_nodes(graph))
     xs = select_inputs(graph, inputs, TRANSFORM)
     ys = select_outputs(graph, outputs, TRANSFORM)
     if outputs is None:
@@ -131,7 +132,7 @@ class Split:
 
 def _all_names(model: ir.Model) -> set[str]:
     names: set[str] = set()
-    for g in model.graphs():
+    for g in model_graphs(model):
         names.update(v.name for v in g.inputs if v.name)
         names.update(g.initializers)
         names.update(o.name for n in g for o in n.outputs if o.name)

@@ -26,6 +26,7 @@ from onnax.core.gcpause import gc_paused
 from onnax.core.registry import batch_rules
 from onnax.core.selection import format_shape
 from onnax.core.subgraphs import graph_attributes, subgraph_reads
+from onnax.core.traverse import all_nodes, model_graphs
 from onnax.errors import SelectionError, UnsupportedOperatorError
 from onnax.passes.cleanup import cleanup
 from onnax.passes.expand import expand
@@ -103,7 +104,7 @@ def _move_axis(
 def _batch_dim_name(model: ir.Model) -> str:
     used = {
         str(d)
-        for g in model.graphs()
+        for g in model_graphs(model)
         for v in (*g.inputs, *g.outputs, *(o for n in g for o in n.outputs))
         if v.shape is not None
         for d in v.shape.dims
@@ -225,7 +226,7 @@ class VmapPass(ir.passes.FunctionalPass):
         if entry:
             graph.insert_before(graph[0], entry) if len(graph) else graph.extend(entry)
         walk.batch_nodes(bx, [n for n in graph if n not in entry])
-        used = {v.name for g in model.graphs() for n in g for v in n.outputs if v.name}
+        used = {v.name for g in model_graphs(model) for n in g for v in n.outputs if v.name}
         used.update(v.name for v in graph.inputs if v.name)
         for i, (y, axis) in enumerate(zip(outputs, out_axes, strict=True)):
             new = env.get(y, y)
@@ -271,7 +272,7 @@ class VmapPass(ir.passes.FunctionalPass):
 
 
 def _draws_inside(graphs: Sequence[ir.Graph]) -> bool:
-    return any(n.domain == "" and n.op_type in RANDOM_OPS for g in graphs for n in g.all_nodes())
+    return any(n.domain == "" and n.op_type in RANDOM_OPS for g in graphs for n in all_nodes(g))
 
 
 def _refuse_random(node: ir.Node) -> UnsupportedOperatorError:
