@@ -3,7 +3,8 @@
 :class:`Cleanup` is a sequence of small in-place passes, each a step that can be read, reused
 and reordered on its own (onnx_ir's own passes where they do what is needed):
 
-1. :class:`RemoveDeadNodes`, then ``RemoveUnusedNodesPass``;
+1. :class:`RemoveDeadNodes`, then :class:`~onnax.passes.fast_steps.RemoveUnusedNodes` (onnx_ir's
+   ``RemoveUnusedNodesPass`` with its schema lookups cached);
 2. :class:`EliminateCommonSubexpressions` (``CommonSubexpressionEliminationPass`` that keeps
    the outputs' declared types), then dead code again;
 3. :class:`SortGraph`, :class:`FixOutputs`, ``NameFixPass``, :class:`UniqueNamesAcrossScopes`
@@ -27,6 +28,8 @@ from onnx_shape_inference import OpUsageError, ShapeInferenceError
 from onnax.core.batching import detach
 from onnax.core.inference import RANK_GUESSED, infer_shapes
 from onnax.core.subgraphs import graph_attributes
+from onnax.core.traverse import model_graphs
+from onnax.passes.fast_steps import RemoveUnusedNodes, SortGraph
 from onnax.passes.simplify import SimplifyLocally, remove_unused
 from onnax.passes.steps import Steps
 
@@ -68,10 +71,10 @@ class Cleanup(Steps):
     def __init__(self) -> None:
         super().__init__(
             RemoveDeadNodes(),
-            common.RemoveUnusedNodesPass(),
+            RemoveUnusedNodes(),
             EliminateCommonSubexpressions(),
             RemoveDeadNodes(),
-            common.RemoveUnusedNodesPass(),
+            RemoveUnusedNodes(),
             SortGraph(),
             FixOutputs(),
             common.NameFixPass(),
@@ -92,7 +95,7 @@ class Simplify(Steps):
         super().__init__(
             FixedPoint(SimplifyLocally(), EliminateCommonSubexpressions()),
             RemoveDeadNodes(),
-            common.RemoveUnusedNodesPass(),
+            RemoveUnusedNodes(),
             common.NameFixPass(),
             UniqueNamesAcrossScopes(),
         )
@@ -166,15 +169,6 @@ class EliminateCommonSubexpressions(passes.InPlacePass):
         result = common.CommonSubexpressionEliminationPass()(model)
         _keep_output_types(model.graph, declared)
         return passes.PassResult(model, modified=result.modified)
-
-
-class SortGraph(passes.InPlacePass):
-    """Sorts the main graph's nodes topologically."""
-
-    def call(self, model: ir.Model) -> passes.PassResult:
-        """Runs the step on ``model``."""
-        model.graph.sort()
-        return passes.PassResult(model, modified=True)
 
 
 class FixOutputs(passes.InPlacePass):
@@ -302,7 +296,7 @@ def _annotate(model: ir.Model) -> None:
     trusted = model.graph.meta.get(RANK_GUESSED) is False
     unshaped = [
         out
-        for graph in model.graphs()
+        for graph in model_graphs(model)
         for node in graph
         for out in node.outputs
         if out.shape is None and not out.is_graph_output()
@@ -339,7 +333,7 @@ def _unique_across_scopes(model: ir.Model) -> None:
     public = [*graph.inputs, *graph.outputs, *graph.initializers.values()]
     values = [
         v
-        for g in model.graphs()
+        for g in model_graphs(model)
         for v in (*g.inputs, *g.initializers.values(), *(o for n in g for o in n.outputs))
     ]
     used = {v.name for v in values if v.name}
