@@ -21,6 +21,7 @@ import onnxruntime as ort
 import pytest
 
 import onnax
+from onnax.core.subgraphs import graph_attributes
 from onnax.passes import GradPass, VjpPass
 from onnax.passes.remat import RematError
 from oracles import check_grad, run, serialized, session
@@ -174,21 +175,11 @@ def _swept(model: ir.Model) -> set[ir.Node]:
     values = {v for v in model.graph.inputs if str(v.name).startswith("adj_")}
     nodes: set[ir.Node] = set()
     for node in model.graph:
-        inner = [i for g in _bodies(node) for n in g.all_nodes() for i in n.inputs]
+        inner = [i for g in graph_attributes(node) for n in g.all_nodes() for i in n.inputs]
         if any(v is not None and v in values for v in [*node.inputs, *inner]):
             nodes.add(node)
             values.update(node.outputs)
     return nodes
-
-
-def _bodies(node: ir.Node) -> list[ir.Graph]:
-    graphs: list[ir.Graph] = []
-    for attr in node.attributes.values():
-        if attr.type == ir.AttributeType.GRAPH:
-            graphs.append(attr.as_graph())
-        elif attr.type == ir.AttributeType.GRAPHS:
-            graphs.extend(attr.as_graphs())
-    return graphs
 
 
 def _foldable(value: ir.Value) -> bool:
@@ -211,7 +202,7 @@ def _backward_reads(model: ir.Model) -> set[ir.Value]:
     outputs = set(model.graph.outputs[:n_primal])
     reads: set[ir.Value] = set()
     for node in swept:
-        inner = [i for g in _bodies(node) for n in g.all_nodes() for i in n.inputs]
+        inner = [i for g in graph_attributes(node) for n in g.all_nodes() for i in n.inputs]
         for v in [*node.inputs, *inner]:
             if v is None or v in outputs or _foldable(v) or v.producer() in swept:
                 continue

@@ -17,6 +17,8 @@ from collections.abc import Callable, Sequence
 import numpy as np
 import onnx_ir as ir
 
+from onnax.core.static import static_shape
+
 __all__ = ["MAX_FOLDED_ELEMENTS", "fold_node", "foldable"]
 
 MAX_FOLDED_ELEMENTS = 4096
@@ -43,16 +45,7 @@ def _axes(node: ir.Node, args: list[np.ndarray | None], index: int) -> list[int]
 
 
 def _shape(node: ir.Node, args: list[np.ndarray | None]) -> np.ndarray | None:
-    x = node.inputs[0]
-    if x is None or x.shape is None or not x.shape.is_static():
-        return None
-    dims = np.array(list(x.shape.numpy()), dtype=np.int64)
-    if node.op_type == "Size":
-        return np.array(int(np.prod(dims)), dtype=np.int64)
-    rank = len(dims)
-    start = node.attributes.get_int("start", 0)
-    end = node.attributes.get_int("end", rank)
-    return dims[slice(max(-rank, min(start, rank)), max(-rank, min(end, rank)))]
+    return static_shape(node)
 
 
 def _gather(node: ir.Node, args: list[np.ndarray | None]) -> np.ndarray | None:
