@@ -470,3 +470,18 @@ def test_a_loss_made_by_a_loop() -> None:
     got = run(onnax.grad(model, ["x", "s0"], remat="recompute"), feeds)
     for key, want in store.items():
         np.testing.assert_array_equal(got[key], want, err_msg=key)
+
+
+@pytest.mark.parametrize("policy", ["store", "recompute"])
+def test_vjp_of_a_model_without_float_outputs(policy: str) -> None:
+    # no float output: no cotangent seed and no reverse sweep (regression: seeds[0] crashed)
+    model = ir.from_proto(
+        onnx.parser.parse_model(
+            """<ir_version: 10, opset_import: ["" : 21]>
+            g (float[3] x) => (int32[3] y) { y = Cast <to = 6> (x) }"""
+        )
+    )
+    out = onnax.vjp(model, remat=policy)
+    assert [v.name for v in out.graph.outputs] == ["y", "adj_x"]
+    adj = run(out, {"x": np.ones(3, np.float32)})["adj_x"]
+    np.testing.assert_array_equal(adj, np.zeros(3, np.float32))

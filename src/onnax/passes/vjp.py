@@ -90,5 +90,10 @@ class VjpPass(ir.passes.FunctionalPass):
             Emitter(lin.opset), graph, claims, prefix, list(zip(xs, cts, strict=True)), "vjp"
         )
         accumulate_in_float(model, primal, self.accumulate)
-        self.remat_stats = rematerialize(model, [s for _, s in seeds], self.remat, seeds[0][1])
+        # No floating-point output: no seed, no reverse sweep, nothing to rematerialize.
+        self.remat_stats = (
+            rematerialize(model, [s for _, s in seeds], self.remat, seeds[0][1])
+            if seeds
+            else RematStats()
+        )
         return ir.passes.PassResult(cleanup(model), modified=True)
