@@ -30,6 +30,7 @@ import onnx_ir.passes as passes
 from onnax.core.inference import RANK_GUESSED
 from onnax.core.static import constant_of
 from onnax.passes.simplify_fold import MAX_FOLDED_ELEMENTS, fold_node, foldable
+from onnax.passes.stop_gradient import STOP_MARK
 
 __all__ = ["SimplifyLocally", "remove_unused"]
 
@@ -172,6 +173,8 @@ class _Sweep:
 
     def identity(self, node: ir.Node) -> bool:
         x = node.inputs[0] if node.inputs else None
+        if STOP_MARK in node.metadata_props:
+            return False  # it holds a stop_gradient name that later transforms may name again
         return x is not None and self.forward(node, x)
 
     def transpose(self, node: ir.Node) -> bool:

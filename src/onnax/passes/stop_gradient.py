@@ -21,7 +21,10 @@ import onnx_ir as ir
 
 from onnax.errors import SelectionError
 
-__all__ = ["StopGradient", "insert_stops", "resolve_stops", "without_stopped"]
+STOP_MARK = "onnax.stop_gradient"
+"""Node metadata key of the ``Identity`` that holds a stopped value's name (:func:`insert_stops`)."""
+
+__all__ = ["STOP_MARK", "StopGradient", "insert_stops", "resolve_stops", "without_stopped"]
 
 StopGradient = str | Sequence[str] | None
 """The user's ``stop_gradient`` argument: one name, names, or None (nothing stopped)."""
@@ -169,6 +172,8 @@ def insert_stops(graph: ir.Graph, stopped: Sequence[ir.Value]) -> set[ir.Value]:
         uses = list(s.uses())  # before the Identity becomes one
         held = ir.Value(name=None, type=s.type, shape=s.shape.copy() if s.shape else None)
         identity = ir.Node("", "Identity", [s], outputs=[held])
+        # The mark keeps simplification from removing the Identity, and the name with it.
+        identity.metadata_props[STOP_MARK] = str(s.name)
         for use in uses:
             use.node.replace_input_with(use.idx, held)
         graph.insert_after(node, identity)
