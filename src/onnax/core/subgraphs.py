@@ -15,7 +15,7 @@ from typing import Protocol
 import onnx_ir as ir
 
 from onnax.core.emit import Emitter
-from onnax.core.traverse import model_graphs
+from onnax.core.traverse import bodies, model_graphs
 
 __all__ = [
     "TAKEN",
@@ -74,13 +74,7 @@ def name_values(model: ir.Model, prefix: str = "cf") -> None:
 
 def graph_attributes(node: ir.Node) -> list[ir.Graph]:
     """The subgraphs held by the node's attributes (If branches, Loop and Scan bodies)."""
-    graphs: list[ir.Graph] = []
-    for attr in node.attributes.values():
-        if attr.type == ir.AttributeType.GRAPH:
-            graphs.append(attr.as_graph())
-        elif attr.type == ir.AttributeType.GRAPHS:
-            graphs.extend(attr.as_graphs())
-    return graphs
+    return bodies(node)
 
 
 def subgraph_reads(node: ir.Node) -> list[ir.Value]:

@@ -55,6 +55,7 @@ import onnx_ir as ir
 from onnax.core.emit import Emitter
 from onnax.core.inference import infer_shapes
 from onnax.core.subgraphs import graph_attributes, subgraph_reads
+from onnax.core.traverse import sort
 from onnax.errors import OnnaxError
 
 __all__ = ["Remat", "RematError", "RematPolicy", "RematStats", "check_remat", "rematerialize"]
@@ -438,7 +439,7 @@ def rematerialize(
     # The rules build nodes without types; gates and sizes need them.
     infer_shapes(model)
     graph = model.graph
-    graph.sort()
+    sort(graph)
     order = list(graph)
     swept, constant = _sweep(order, seeds)
     forward = [n for n in order if n not in swept]
