@@ -83,7 +83,7 @@ _IM2COL_MIN_POSITIONS = 128
 """Below this many output positions per example the im2col's GEMM is too thin (module doc)."""
 
 _IM2COL_2D_MIN_POSITIONS = 1
-"""2-D kernels: the channels-major im2col's GEMM runs over ``N * P`` and wins at 7x7 (module doc)."""
+"""2-D kernels: the channels-major im2col (its GEMM runs over ``N * P``) wins at 7x7 too."""
 
 _DEPTHWISE_MAX_TAPS = 16
 """The depthwise form emits three nodes per kernel element: small kernels only."""
