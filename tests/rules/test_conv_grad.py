@@ -203,23 +203,43 @@ def test_form_chosen(name: str, form: str) -> None:
     taps = int(np.prod(w.shape.numpy()[2:]))
     assert ops["Conv"] == (form in ("im2col", "channels", "classic")), ops
     assert ops["MatMul"] + ops["Gemm"] == (form in ("matmul", "im2col", "channels")), ops
-    # The channels-major im2col sums over the batch inside its one GEMM (a Gemm with a
-    # transposed operand when ungrouped); the per-example forms sum their products after.
-    groups = case.model("float", case.opsets[-1]).graph.node(-1).attributes.get_int("group", 1)
-    assert ops["Gemm"] == (form == "channels" and groups == 1), ops
+    # The channels-major im2col sums over the batch inside its one GEMM; the per-example
+    # forms sum their products after.
     assert (ops["ReduceSum"] == 0) == (form in ("channels", "classic")), ops
     # The shifts form: one Mul and one ReduceSum per kernel element, no MatMul or Conv.
     shifts = ops["ReduceSum"] == taps == ops["Mul"] and not ops["MatMul"]
     assert shifts == (form == "shifts"), ops
 
 
-@pytest.fixture(params=["im2col", "classic"])
+@pytest.mark.parametrize(("outputs", "left"), [(64, True), (65, False)])
+def test_channels_major_operand_order(outputs: int, left: bool) -> None:
+    """Up to 64 output channels the im2col columns are the MatMul's left operand (``g``
+    channels last on the right); above, a Gemm of ``g`` with the columns transposed."""
+    text = (
+        f"g (float[N, 3, 6, 6] X, float[{outputs}, 3, 3, 3] W) => (float[N, {outputs}, 6, 6] Y)"
+        " { Y = Conv<pads=[1, 1, 1, 1]>(X, W) }"
+    )
+    model = Case("order", text).model("float", 18)
+    graph = onnax.vjp(model, ["W"]).graph
+    one_hot = next(n for n in graph if n.op_type == "Conv" and len(n.outputs[0].shape or []) == 5)
+    (columns,) = [u for u, _ in one_hot.outputs[0].uses()]  # the Reshape to [C*K, N*P]
+    (product,) = [u for u, _ in columns.outputs[0].uses()]
+    assert product.op_type == ("MatMul" if left else "Gemm"), product
+    assert (product.inputs[0] is columns.outputs[0]) == left
+    if not left:
+        assert product.attributes.get_int("transB") == 1
+
+
+@pytest.fixture(params=["im2col", "im2col_gemm", "classic"])
 def forced(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> Iterator[str]:
-    """Every k x k gradient through one form: im2col (from one output position on), or the
-    classic Conv (no im2col, no depthwise shifts)."""
-    if request.param == "im2col":
+    """Every k x k gradient through one form: im2col (from one output position on; 2-D
+    kernels with the columns on the left or, ``im2col_gemm``, as the Gemm's transposed right
+    operand), or the classic Conv (no im2col, no depthwise shifts)."""
+    if request.param.startswith("im2col"):
         monkeypatch.setattr(_conv_grad, "_IM2COL_MIN_POSITIONS", 0)
-    else:
+    if request.param == "im2col_gemm":
+        monkeypatch.setattr(_conv_grad, "_COLUMNS_LEFT_MAX_ROWS", 0)
+    if request.param == "classic":
         monkeypatch.setattr(_conv_grad, "_IM2COL_MIN_POSITIONS", 10**9)
         monkeypatch.setattr(_conv_grad, "_IM2COL_2D_MIN_POSITIONS", 10**9)
         monkeypatch.setattr(_conv_grad, "_DEPTHWISE_MAX_TAPS", 0)
