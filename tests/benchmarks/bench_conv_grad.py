@@ -293,6 +293,21 @@ def form_channels(
             helper.make_node("Gemm", ["gm", "cl"], ["p"], transB=1),  # [M, C*K]
             helper.make_node("Reshape", ["p", "wshape"], ["dw"]),
         ]
+    elif left:
+        inits += [
+            _ints("cols", [groups, (c // groups) * kk, -1]),
+            _ints("gsplit", [n, groups, m // groups, -1]),
+            _ints("glast", [groups, -1, m // groups]),
+        ]
+        nodes += [
+            helper.make_node("Reshape", ["pc", "cols"], ["cl"]),  # [g, Cg*K, N*P]
+            helper.make_node("Reshape", ["g", "gsplit"], ["gs"]),  # [N, g, Mg, P]
+            helper.make_node("Transpose", ["gs"], ["gt"], perm=[1, 0, 3, 2]),  # [g, N, P, Mg]
+            helper.make_node("Reshape", ["gt", "glast"], ["gl"]),
+            helper.make_node("MatMul", ["cl", "gl"], ["p"]),  # [g, Cg*K, Mg]
+            helper.make_node("Transpose", ["p"], ["pt"], perm=[0, 2, 1]),
+            helper.make_node("Reshape", ["pt", "wshape"], ["dw"]),
+        ]
     else:
         inits += [
             _ints("cols", [groups, (c // groups) * kk, -1]),
@@ -418,7 +433,7 @@ def forms_for(kd: Kind) -> list[str]:
         return ["conv", "im2col", "im2col3d", "im2col_dw", "slices", "mulsum"]
     if kd.g == 1:
         return ["conv", "im2col", "im2col3d", "slices", "channels", "channels_left"]
-    return ["conv", "im2col", "im2col3d", "slices", "channels"]
+    return ["conv", "im2col", "im2col3d", "slices", "channels", "channels_left"]
 
 
 def _interleaved(fns: dict[str, Callable[[], object]], rounds: int) -> dict[str, float]:
