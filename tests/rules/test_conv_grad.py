@@ -273,6 +273,23 @@ def test_second_order_and_per_example(name: str) -> None:
     check_vmap(vm, feeds, in_axes=[0, None, 0])
 
 
+@pytest.mark.parametrize("left", [64, 0])
+def test_channels_major_second_order_and_per_example(
+    left: int, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Both operand orders of the ungrouped channels-major im2col (MatMul with the columns on
+    the left; Gemm with them transposed on the right) close under the transforms."""
+    monkeypatch.setattr(_conv_grad, "_COLUMNS_LEFT_MAX_ROWS", left)
+    case = next(c for c in CASES if c.name == "im2col_3x3")
+    model = case.model("float", case.opsets[-1])
+    vm = onnax.vjp(model, ["W"])
+    assert any(n.op_type == ("MatMul" if left else "Gemm") for n in vm.graph)
+    feeds = case.feeds(vm)
+    check_jvp(vm, feeds)
+    check_vjp(vm, feeds)
+    check_vmap(vm, feeds, in_axes=[0, None, None, 0])
+
+
 @pytest.mark.parametrize("name", ["pw_groups_strided_tail", "dw_dilated", "im2col_3x3"])
 @pytest.mark.parametrize("dtype", ["float16", "double"])
 def test_half_and_double(name: str, dtype: str) -> None:
