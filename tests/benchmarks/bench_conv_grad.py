@@ -18,6 +18,9 @@ plain ONNX graphs (so the candidates know nothing of the rules):
   ``[N*C,1,H,W] -> [N, C*K, P]`` (per group ``[N, g, Cg*K, P]``), and the same batched MatMul
   per group;
 * ``slices``: the same columns from ``K`` strided Slices of the padded input, concatenated;
+* ``channels``/``channels_left``: the im2col channels first (``[C*K, N*P]``, the batch on the
+  unit axis of the 3-D one-hot Conv) and one GEMM over ``N*P`` (onnax's form for 2-D kernels);
+  ``_left`` with the columns as the MatMul's left operand and ``g`` channels last;
 * ``mulsum`` (depthwise only): ``sum_{n,o} g * x_q`` per offset as Mul + ReduceSum over the
   ``K`` shifted slices.
 
@@ -250,6 +253,82 @@ def form_im2col3d(n: int, c: int, m: int, h: int, kd: Kind, groups: int) -> onnx
     return _model(nodes, inits)
 
 
+def form_channels(
+    n: int, c: int, m: int, h: int, kd: Kind, groups: int, left: bool = False
+) -> onnx.ModelProto:
+    """The im2col channels first: ``x`` as ``[C, 1, N, H, W]``, the one-hot 3-D Conv with the
+    batch on its unit-kernel axis writes ``[C*K, N*P]`` and one GEMM over ``N*P`` (per group a
+    batched MatMul) contracts it with ``g [M, N*P]``; ``left``: ``cols @ g [N*P, M]`` (``g``
+    channels last) and the small result transposed (onnax's choice up to 64 channels)."""
+    kk = kd.k * kd.k
+    onehot = np.eye(kk, dtype=np.float32).reshape(kk, 1, 1, kd.k, kd.k)
+    inits = [
+        numpy_helper.from_array(onehot, "onehot"),
+        _ints("single", [c, 1, n, h, h]),
+        _ints("wshape", [m, c // groups, kd.k, kd.k]),
+    ]
+    nodes = [
+        helper.make_node("Transpose", ["x"], ["xt"], perm=[1, 0, 2, 3]),
+        helper.make_node("Reshape", ["xt", "single"], ["xs"]),
+        helper.make_node(
+            "Conv", ["xs", "onehot"], ["pc"], strides=[1] + [kd.s] * 2, pads=[0, kd.p, kd.p] * 2
+        ),
+    ]
+    if groups == 1 and left:
+        inits += [_ints("cols", [c * kk, -1]), _ints("glast", [-1, m])]
+        nodes += [
+            helper.make_node("Reshape", ["pc", "cols"], ["cl"]),
+            helper.make_node("Transpose", ["g"], ["gt"], perm=[0, 2, 3, 1]),
+            helper.make_node("Reshape", ["gt", "glast"], ["gl"]),
+            helper.make_node("MatMul", ["cl", "gl"], ["p"]),  # [C*K, M]
+            helper.make_node("Transpose", ["p"], ["pt"], perm=[1, 0]),
+            helper.make_node("Reshape", ["pt", "wshape"], ["dw"]),
+        ]
+    elif groups == 1:
+        inits += [_ints("cols", [c * kk, -1]), _ints("rows", [m, -1])]
+        nodes += [
+            helper.make_node("Reshape", ["pc", "cols"], ["cl"]),
+            helper.make_node("Transpose", ["g"], ["gt"], perm=[1, 0, 2, 3]),
+            helper.make_node("Reshape", ["gt", "rows"], ["gm"]),
+            helper.make_node("Gemm", ["gm", "cl"], ["p"], transB=1),  # [M, C*K]
+            helper.make_node("Reshape", ["p", "wshape"], ["dw"]),
+        ]
+    elif left:
+        inits += [
+            _ints("cols", [groups, (c // groups) * kk, -1]),
+            _ints("gsplit", [n, groups, m // groups, -1]),
+            _ints("glast", [groups, -1, m // groups]),
+        ]
+        nodes += [
+            helper.make_node("Reshape", ["pc", "cols"], ["cl"]),  # [g, Cg*K, N*P]
+            helper.make_node("Reshape", ["g", "gsplit"], ["gs"]),  # [N, g, Mg, P]
+            helper.make_node("Transpose", ["gs"], ["gt"], perm=[1, 0, 3, 2]),  # [g, N, P, Mg]
+            helper.make_node("Reshape", ["gt", "glast"], ["gl"]),
+            helper.make_node("MatMul", ["cl", "gl"], ["p"]),  # [g, Cg*K, Mg]
+            helper.make_node("Transpose", ["p"], ["pt"], perm=[0, 2, 1]),
+            helper.make_node("Reshape", ["pt", "wshape"], ["dw"]),
+        ]
+    else:
+        inits += [
+            _ints("cols", [groups, (c // groups) * kk, -1]),
+            _ints("rows", [groups, m // groups, -1]),
+        ]
+        nodes += [
+            helper.make_node("Reshape", ["pc", "cols"], ["cl"]),
+            helper.make_node("Transpose", ["cl"], ["clt"], perm=[0, 2, 1]),
+            helper.make_node("Transpose", ["g"], ["gt"], perm=[1, 0, 2, 3]),
+            helper.make_node("Reshape", ["gt", "rows"], ["gm"]),
+            helper.make_node("MatMul", ["gm", "clt"], ["p"]),  # [g, Mg, Cg*K]
+            helper.make_node("Reshape", ["p", "wshape"], ["dw"]),
+        ]
+    return _model(nodes, inits)
+
+
+def form_channels_left(n: int, c: int, m: int, h: int, kd: Kind, groups: int) -> onnx.ModelProto:
+    """:func:`form_channels` with the columns as the MatMul's left operand."""
+    return form_channels(n, c, m, h, kd, groups, left=True)
+
+
 def _shifted_slices(
     nodes: list[onnx.NodeProto], inits: list[onnx.TensorProto], h: int, kd: Kind
 ) -> list[str]:
@@ -342,6 +421,8 @@ FORMS: dict[str, Callable[..., onnx.ModelProto]] = {
     "im2col3d": form_im2col3d,
     "slices": form_slices,
     "mulsum": form_mulsum,
+    "channels": form_channels,
+    "channels_left": form_channels_left,
 }
 
 
@@ -350,7 +431,9 @@ def forms_for(kd: Kind) -> list[str]:
         return ["conv", "matmul"] + (["matmul_flat"] if kd.s == 1 else [])
     if kd.g == 0:
         return ["conv", "im2col", "im2col3d", "im2col_dw", "slices", "mulsum"]
-    return ["conv", "im2col", "im2col3d", "slices"]
+    if kd.g == 1:
+        return ["conv", "im2col", "im2col3d", "slices", "channels", "channels_left"]
+    return ["conv", "im2col", "im2col3d", "slices", "channels", "channels_left"]
 
 
 def _interleaved(fns: dict[str, Callable[[], object]], rounds: int) -> dict[str, float]:

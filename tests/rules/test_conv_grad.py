@@ -47,6 +47,7 @@ CASES = [
     ),
     # A padded 1x1 reads zeros at the border: not pointwise (begin pad), im2col or classic.
     _conv("pw_padded", "N, 2, 3, 4", "3, 2, 1, 1", "N, 3, 5, 5", "pads=[1, 0, 1, 1]"),
+    _conv("pw_padded_1d", "N, 2, 23", "3, 2, 1", "N, 3, 25", "pads=[1, 1]"),
     # Depthwise: Mul + ReduceSum per kernel offset.
     _conv(
         "dw_strided_cropped",
@@ -81,7 +82,12 @@ CASES = [
         "group=3, pads=[1, 1, 1, 1]",
         dims={"H": 5, "V": 4},
     ),
-    # Outputs of at least 128 positions: the im2col by default.
+    # 1-D and 3-D kernels with at least 128 output positions: the im2col per example.
+    _conv("im2col_1d", "N, 2, 130", "3, 2, 3", "N, 3, 130", "pads=[1, 1]", opsets=(11, 18)),
+    _conv(
+        "im2col_3d", "N, 2, 6, 5, 7", "2, 2, 2, 2, 2", "N, 2, 5, 4, 7", "pads=[0, 0, 1, 0, 0, 0]"
+    ),
+    # 2-D kernels (any number of output positions): the channels-major im2col.
     _conv(
         "im2col_3x3", "N, 3, 12, 12", "4, 3, 3, 3", "N, 4, 12, 12", "pads=[1, 1, 1, 1]", bias="4"
     ),
@@ -177,12 +183,16 @@ def _weight_gradient_ops(case: Case) -> Counter[str]:
         ("dw_strided_cropped", "shifts"),
         ("dw_3d", "shifts"),
         ("convT_dw", "shifts"),
-        ("dw_symbolic_spatial", "im2col"),
-        ("dw_multiplier", "classic"),  # 36 output positions
-        ("im2col_3x3", "im2col"),
-        ("im2col_grouped_strided_dilated", "im2col"),
-        ("convT_im2col_groups", "im2col"),
-        ("pw_padded", "classic"),
+        ("dw_symbolic_spatial", "channels"),
+        ("dw_multiplier", "channels"),  # 36 output positions: still the GEMM over N * P
+        ("im2col_3x3", "channels"),
+        ("im2col_grouped_strided_dilated", "channels"),
+        ("im2col_symbolic_batch_spatial", "channels"),
+        ("convT_im2col_groups", "channels"),
+        ("im2col_1d", "im2col"),
+        ("im2col_3d", "im2col"),
+        ("pw_padded", "channels"),
+        ("pw_padded_1d", "classic"),  # 25 output positions
     ],
 )
 def test_form_chosen(name: str, form: str) -> None:
@@ -191,21 +201,47 @@ def test_form_chosen(name: str, form: str) -> None:
     ops = _weight_gradient_ops(case)
     w = case.model("float", case.opsets[-1]).graph.inputs[1]
     taps = int(np.prod(w.shape.numpy()[2:]))
-    assert ops["Conv"] == (form in ("im2col", "classic")), ops
-    assert ops["MatMul"] == (form in ("matmul", "im2col")), ops
+    assert ops["Conv"] == (form in ("im2col", "channels", "classic")), ops
+    assert ops["MatMul"] + ops["Gemm"] == (form in ("matmul", "im2col", "channels")), ops
+    # The channels-major im2col sums over the batch inside its one GEMM; the per-example
+    # forms sum their products after.
+    assert (ops["ReduceSum"] == 0) == (form in ("channels", "classic")), ops
     # The shifts form: one Mul and one ReduceSum per kernel element, no MatMul or Conv.
     shifts = ops["ReduceSum"] == taps == ops["Mul"] and not ops["MatMul"]
     assert shifts == (form == "shifts"), ops
 
 
-@pytest.fixture(params=["im2col", "classic"])
+@pytest.mark.parametrize(("outputs", "left"), [(64, True), (65, False)])
+def test_channels_major_operand_order(outputs: int, left: bool) -> None:
+    """Up to 64 output channels the im2col columns are the MatMul's left operand (``g``
+    channels last on the right); above, a Gemm of ``g`` with the columns transposed."""
+    text = (
+        f"g (float[N, 3, 6, 6] X, float[{outputs}, 3, 3, 3] W) => (float[N, {outputs}, 6, 6] Y)"
+        " { Y = Conv<pads=[1, 1, 1, 1]>(X, W) }"
+    )
+    model = Case("order", text).model("float", 18)
+    graph = onnax.vjp(model, ["W"]).graph
+    one_hot = next(n for n in graph if n.op_type == "Conv" and len(n.outputs[0].shape or []) == 5)
+    (columns,) = [u for u, _ in one_hot.outputs[0].uses()]  # the Reshape to [C*K, N*P]
+    (product,) = [u for u, _ in columns.outputs[0].uses()]
+    assert product.op_type == ("MatMul" if left else "Gemm"), product
+    assert (product.inputs[0] is columns.outputs[0]) == left
+    if not left:
+        assert product.attributes.get_int("transB") == 1
+
+
+@pytest.fixture(params=["im2col", "im2col_gemm", "classic"])
 def forced(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> Iterator[str]:
-    """Every k x k gradient through one form: im2col (from one output position on), or the
-    classic Conv (no im2col, no depthwise shifts)."""
-    if request.param == "im2col":
+    """Every k x k gradient through one form: im2col (from one output position on; 2-D
+    kernels with the columns on the left or, ``im2col_gemm``, as the Gemm's transposed right
+    operand), or the classic Conv (no im2col, no depthwise shifts)."""
+    if request.param.startswith("im2col"):
         monkeypatch.setattr(_conv_grad, "_IM2COL_MIN_POSITIONS", 0)
-    else:
+    if request.param == "im2col_gemm":
+        monkeypatch.setattr(_conv_grad, "_COLUMNS_LEFT_MAX_ROWS", 0)
+    if request.param == "classic":
         monkeypatch.setattr(_conv_grad, "_IM2COL_MIN_POSITIONS", 10**9)
+        monkeypatch.setattr(_conv_grad, "_IM2COL_2D_MIN_POSITIONS", 10**9)
         monkeypatch.setattr(_conv_grad, "_DEPTHWISE_MAX_TAPS", 0)
     yield request.param
 
@@ -235,6 +271,23 @@ def test_second_order_and_per_example(name: str) -> None:
     check_jvp(vm, feeds)
     check_vjp(vm, feeds)
     check_vmap(vm, feeds, in_axes=[0, None, 0])
+
+
+@pytest.mark.parametrize("left", [64, 0])
+def test_channels_major_second_order_and_per_example(
+    left: int, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Both operand orders of the ungrouped channels-major im2col (MatMul with the columns on
+    the left; Gemm with them transposed on the right) close under the transforms."""
+    monkeypatch.setattr(_conv_grad, "_COLUMNS_LEFT_MAX_ROWS", left)
+    case = next(c for c in CASES if c.name == "im2col_3x3")
+    model = case.model("float", case.opsets[-1])
+    vm = onnax.vjp(model, ["W"])
+    assert any(n.op_type == ("MatMul" if left else "Gemm") for n in vm.graph)
+    feeds = case.feeds(vm)
+    check_jvp(vm, feeds)
+    check_vjp(vm, feeds)
+    check_vmap(vm, feeds, in_axes=[0, None, None, 0])
 
 
 @pytest.mark.parametrize("name", ["pw_groups_strided_tail", "dw_dilated", "im2col_3x3"])

@@ -23,7 +23,7 @@ where single figures scatter by 2x; ratios are the classic form's time over the 
   slice with ``g``; nothing of size ``K * x`` is ever materialised. 1.8-2.8x at batch 8 from
   14x14 up, 1.5-19x at batch 1, 1.0x at 7x7. The im2col below followed by per-channel
   matrix-vector products measured 0.9-1.6x, and 0.7-2.5x as the per-group MatMul.
-* **im2col** (other static kernels where the output has at least 128 positions per example,
+* **im2col** (1-D and 3-D static kernels where the output has at least 128 positions per example,
   or run-time spatial sizes): a Conv with a one-hot kernel ``[K, 1, k]`` over every channel on
   its own (``[N*C, 1, D] -> [N*C, K, O]``: the node's own strides, dilations and pads; for 2-D
   Convs a 3-D Conv over an added unit axis, which onnxruntime leaves out of its blocked NCHWc
@@ -34,9 +34,27 @@ where single figures scatter by 2x; ratios are the classic form's time over the 
   56x56 and 28x28; grouped 1.2-2.1x. K strided Slices instead of the one-hot Conv measured
   about the same for stride 1 and slower strided, with K times the nodes. It costs K times
   the input's memory.
-* **Otherwise** (fewer output positions: 7x7 maps, where the GEMM's inner dimension ``N * O``
-  is small and the im2col measured 0.7-1.0x; symbolic kernel sizes; a padded 1x1): the
-  classic Conv with ``g`` as the kernel.
+* **Channels-major im2col** (2-D kernels, replacing the im2col above there, at any number of
+  output positions): ``x`` goes channels first, ``[C, 1, N, H, W]``, and the same one-hot 3-D
+  Conv, now with the batch on its unit-kernel axis, writes ``[C, K, N, P]``, which is already
+  the ``[C*K, N*P]`` matrix of one GEMM with ``g`` as ``[M, N*P]`` (per group a batched
+  ``MatMul`` ``[g, Mg, N*P] @ [g, N*P, Cg*K]``): the batch sums inside the GEMM's inner
+  dimension instead of in thin per-example products (``[N, M, C*K]``, 75 MB at 7x7x512 and
+  batch 8) reduced afterwards, so 7x7 maps need no classic Conv any more. Measured (these
+  graphs alone, onnxruntime at one thread, batch 8, medians of 11 on the loaded machine;
+  classic / per-example im2col / channels-major): 7x7x512 38-64 / 52-56 / 21-24 ms;
+  14x14x256 -> 512 stride 2: 35-39 / 29-39 / 15-19; 28x28x128: 41-63 / 26-51 / 30-33;
+  56x56x64: 57-86 / 31-53 / 36-54 (alike). At batch 1: 7x7x512 11.5 / 14.0 / 4.7 ms.
+  resnet18 at batch 8, gradient w.r.t. every weight and the image: 1283 -> 1187 ms (primal
+  289 ms). The GEMMs then run at about the forward Convs' speed; transposing ``x`` and ``g``
+  costs one pass of each. With at most 64 output channels (an ungrouped Conv) the GEMM is
+  ``cols [C*K, N*P] @ g [N*P, M]`` instead (``g`` channels last, the small result transposed):
+  the big columns are then read in place rather than packed: 56x56x64 stride 1 at batch 8
+  37.8 -> 33.8 ms, at batch 1 4.9 -> 4.3; resnet's 7x7 stride-2 stem (3 -> 64) 75 -> 60 ms;
+  with 128 channels a tie, from 256 on slower (7x7x512: 22 -> 33).
+* **Otherwise** (1-D and 3-D kernels with fewer output positions, where the GEMM's inner
+  dimension ``N * O`` is small and the per-example im2col measured 0.7-1.0x; symbolic kernel
+  sizes; a padded 1x1 outside 2-D): the classic Conv with ``g`` as the kernel.
 
 Every form has the kernel's exact shape ``[M, Cg, k]`` (tight end pads) and works with run-time
 batch and spatial sizes (Reshapes with ``0``/``-1`` and run-time dims); only the dimensions of
@@ -67,6 +85,12 @@ __all__ = ["weight_gradient"]
 
 _IM2COL_MIN_POSITIONS = 128
 """Below this many output positions per example the im2col's GEMM is too thin (module doc)."""
+
+_IM2COL_2D_MIN_POSITIONS = 1
+"""2-D kernels: the channels-major im2col (its GEMM runs over ``N * P``) wins at 7x7 too."""
+
+_COLUMNS_LEFT_MAX_ROWS = 64
+"""Up to this many output channels the channels-major im2col's columns are the left operand."""
 
 _DEPTHWISE_MAX_TAPS = 16
 """The depthwise form emits three nodes per kernel element: small kernels only."""
@@ -124,7 +148,8 @@ def choose_form(win: Window, weight: ir.Value, inp_like: ir.Value, group: int, r
     if small and _is_depthwise(weight, inp_like, group) and _static_pads(win):
         return "depthwise"
     out = [o for o in win.size_out if isinstance(o, int)]
-    if len(out) < rank - 2 or int(np.prod(out)) >= _IM2COL_MIN_POSITIONS:
+    least = _IM2COL_2D_MIN_POSITIONS if rank == 4 else _IM2COL_MIN_POSITIONS
+    if len(out) < rank - 2 or int(np.prod(out)) >= least:
         return "im2col"
     return "classic"
 
@@ -223,29 +248,15 @@ def _im2col(
     rank: int,
 ) -> ir.Value:
     """One-hot Conv im2col and a batched MatMul per group (module doc)."""
+    if rank == 4:
+        return _im2col_channels_major(em, inp, inp_like, grad, weight, win, kernel, group)
     size = int(np.prod(kernel))
     dtype = weight.dtype or inp_like.dtype
     assert dtype is not None
     spatial = spatial_dims(em, inp_like, rank)
-    if rank == 4:
-        # onnxruntime reorders a 2-D Conv with a constant weight into its blocked layout
-        # (NCHWc), padding the K output channels to 16 and reordering them back, which costs
-        # as much as the extraction itself; it keeps a 3-D Conv (a unit axis added) as it is.
-        unit = [1]
-        win = Window(
-            [1, *win.size_in],
-            [1, *win.size_out],
-            [1, *win.kernel],
-            [1, *win.strides],
-            [1, *win.dilations],
-            [0, *win.begin],
-            [0, *win.end],
-        )
-    else:
-        unit = []
-    one_hot = np.eye(size, dtype=dtype.numpy()).reshape(size, 1, *unit, *kernel)
-    single = em.op("Reshape", [inp, int_vector(em, [-1, 1, *unit, *spatial])])  # [N*C, 1, D]
-    cols = correlate(em, single, em.const(one_hot), win, 1, rank + len(unit))  # [N*C, K, O]
+    one_hot = np.eye(size, dtype=dtype.numpy()).reshape(size, 1, *kernel)
+    single = em.op("Reshape", [inp, int_vector(em, [-1, 1, *spatial])])  # [N*C, 1, D]
+    cols = correlate(em, single, em.const(one_hot), win, 1, rank)  # [N*C, K, O]
     n, c = dims_of(em, inp_like, [0, 1])
     if group == 1:
         layout: list[Param] = [n, size_mul(em, c, size), -1]  # [N, C*K, P]
@@ -253,6 +264,63 @@ def _im2col(
         cg = _group_dims(em, weight, group)[1]
         layout = [n, group, size_mul(em, cg, size), -1]  # [N, g, Cg*K, P]
     return _contract(em, cols, layout, grad, weight, group, list(kernel))
+
+
+def _im2col_channels_major(
+    em: Emitter,
+    inp: ir.Value,
+    inp_like: ir.Value,
+    grad: ir.Value,
+    weight: ir.Value,
+    win: Window,
+    kernel: list[int],
+    group: int,
+) -> ir.Value:
+    """2-D kernels: the im2col of ``x`` channels first, and one GEMM over ``N * P`` (module doc).
+
+    ``x [N, C, H, W]`` goes channels first, ``[C, 1, N, H, W]``, so that the one-hot 3-D
+    Conv (the batch on its unit-kernel axis) writes the columns ``[C, K, N, P]``, which are
+    already the ``[C * K, N * P]`` matrix the GEMM reads; with ``g`` as ``[M, N * P]`` the
+    batch joins the GEMM's inner dimension (no thin per-example products summed afterwards).
+    With few output channels the product is ``cols @ gᵀ`` instead, transposed after.
+    """
+    size = int(np.prod(kernel))
+    dtype = weight.dtype or inp_like.dtype
+    assert dtype is not None
+    one_hot = np.eye(size, dtype=dtype.numpy()).reshape(size, 1, 1, *kernel)
+    by_channel = em.unsqueeze(em.transpose(inp, [1, 0, 2, 3]), [1])  # [C, 1, N, H, W]
+    # The batch axis: kernel 1, stride 1, no pads; its sizes only describe the window.
+    lifted = Window(
+        [1, *win.size_in],
+        [1, *win.size_out],
+        [1, *win.kernel],
+        [1, *win.strides],
+        [1, *win.dilations],
+        [0, *win.begin],
+        [0, *win.end],
+    )
+    cols = correlate(em, by_channel, em.const(one_hot), lifted, 1, 5)  # [C, K, N, Ho, Wo]
+    mg, cg = _group_dims(em, weight, group)
+    if group == 1:
+        columns = em.op("Reshape", [cols, int_vector(em, [size_mul(em, cg, size), -1])])
+        if isinstance(mg, int) and mg <= _COLUMNS_LEFT_MAX_ROWS:
+            # Few output channels: the big columns as the GEMM's left operand, read in place,
+            # and ``g`` channels last as the small right one, which the GEMM packs.
+            last = em.op("Reshape", [em.transpose(grad, [0, 2, 3, 1]), em.ints([-1, mg])])
+            product = em.transpose(em.op("MatMul", [columns, last]), [1, 0])  # [M, C*K]
+        else:
+            rows = em.transpose(grad, [1, 0, 2, 3])  # [M, N, Ho, Wo]
+            matrix = em.op("Reshape", [rows, em.ints([0, -1])])  # [M, N*P]
+            product = em.op("Gemm", [matrix, columns], {"transB": 1})  # [M, C*K]
+    else:
+        rows = em.transpose(grad, [1, 0, 2, 3])  # [M, N, Ho, Wo]
+        columns = em.op(
+            "Reshape", [cols, int_vector(em, [group, size_mul(em, cg, size), -1])]
+        )  # [g, Cg*K, N*P]
+        matrix = em.op("Reshape", [rows, int_vector(em, [group, mg, -1])])  # [g, Mg, N*P]
+        # onnxruntime fuses the Transpose of the last two axes into the MatMul (FusedMatMul).
+        product = em.op("MatMul", [matrix, em.transpose(columns, [0, 2, 1])])  # [g, Mg, Cg*K]
+    return em.op("Reshape", [product, int_vector(em, [-1, cg, *kernel])])
 
 
 def _depthwise_shifts(

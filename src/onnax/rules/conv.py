@@ -15,9 +15,10 @@ the classic convolution backward passes, written with the two operators themselv
   elements and a stride-1 flipped Conv measured 3-9x slower, ``bench_conv_grad.py``), and
   with respect to ``W`` ``sum_{n,o} ct[n, m, o] x_pad[n, c, o s + q d]``, emitted by
   :mod:`onnax.rules._conv_grad` in the form onnxruntime runs fastest for the kind of Conv
-  (a MatMul for 1x1 kernels, Mul + ReduceSum per kernel offset for depthwise ones, im2col +
-  MatMul per group for large outputs, otherwise a Conv of the input with the cotangent as
-  kernel). The bias gets the cotangent summed over the batch and spatial axes.
+  (a MatMul for 1x1 kernels, Mul + ReduceSum per kernel offset for depthwise ones, for other
+  2-D kernels an im2col channels first and one GEMM over the batch and the positions, for
+  1-D and 3-D ones with large outputs an im2col + MatMul per example, otherwise a Conv of the
+  input with the cotangent as kernel). The bias gets the cotangent summed over the batch and spatial axes.
 * A ConvTranspose is the transpose of a correlation from its output to its input, so its
   transposes are a Conv of the cotangent with the same weight (for ``X``) and the same weight
   gradient with input and cotangent exchanging roles (for ``W``).
