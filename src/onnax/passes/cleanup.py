@@ -29,6 +29,7 @@ from onnax.core.batching import detach
 from onnax.core.inference import RANK_GUESSED, infer_shapes
 from onnax.core.subgraphs import graph_attributes
 from onnax.core.traverse import model_graphs
+from onnax.passes.cse import eliminate_common_subexpressions
 from onnax.passes.fast_steps import RemoveUnusedNodes, SortGraph
 from onnax.passes.simplify import SimplifyLocally, remove_unused
 from onnax.passes.steps import Steps
@@ -158,6 +159,9 @@ class RemoveDeadNodes(passes.InPlacePass):
 class EliminateCommonSubexpressions(passes.InPlacePass):
     """onnx_ir's ``CommonSubexpressionEliminationPass``, keeping the outputs' declared types.
 
+    It runs as :func:`~onnax.passes.cse.eliminate_common_subexpressions` (the same rewrite,
+    linear in the graph's size).
+
     When a rule emits a copy of a primal output (Sin's tangent computes ``Cos(x)``, a graph
     output of its own), CSE may keep the emitted, untyped copy in the output's place: the
     output would then serialise without a type, which ``onnx.checker`` rejects.
@@ -166,9 +170,9 @@ class EliminateCommonSubexpressions(passes.InPlacePass):
     def call(self, model: ir.Model) -> passes.PassResult:
         """Runs the step on ``model``."""
         declared = [(v.type, v.shape) for v in model.graph.outputs]
-        result = common.CommonSubexpressionEliminationPass()(model)
+        modified = eliminate_common_subexpressions(model.graph)
         _keep_output_types(model.graph, declared)
-        return passes.PassResult(model, modified=result.modified)
+        return passes.PassResult(model, modified=modified)
 
 
 class FixOutputs(passes.InPlacePass):
