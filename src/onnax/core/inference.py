@@ -22,7 +22,7 @@ from onnax.core.traverse import sort, subgraphs
 __all__ = ["RANK_GUESSED", "infer_shapes"]
 
 
-def infer_shapes(model: ir.Model, *, complete: bool = True) -> None:
+def infer_shapes(model: ir.Model, *, complete: bool = True, new_only: bool = False) -> None:
     """Runs symbolic shape inference in place (sorting first, as inference walks in list order).
 
     onnx_shape_inference's answers are completed by :func:`~onnax.core.shape_fill.complete_shapes`:
@@ -40,10 +40,15 @@ def infer_shapes(model: ir.Model, *, complete: bool = True) -> None:
         model: The model, changed in place.
         complete: Whether to complete onnx_shape_inference's answers (costs one more round of
             inference where folding learns something).
+        new_only: Whether the first round of onnx_shape_inference may pass over the nodes
+            inferred before (see :func:`_inferred_before`): a transform infers the model it
+            was given, then again after adding nodes to it, and most of a round's time went
+            into nodes whose outputs it already knew. Later rounds, which follow what
+            completion learnt, infer every node.
     """
     declared = _declared_io_shapes(model)
     sort(model.graph)
-    _infer_past_guesses(model)
+    _infer_past_guesses(model, _inferred_before(model) if new_only else ())
     if complete:
         complete_shapes(model, _infer_past_guesses, _guessed_ranks)
     guessed = False
@@ -65,15 +70,39 @@ _NOT_INFERRED = "onnax.not_inferred"
 """A domain without inference rules: a node moved there is passed over by inference."""
 
 
-def _infer_past_guesses(model: ir.Model) -> None:
+def _inferred_before(model: ir.Model) -> list[ir.Node]:
+    """The nodes whose outputs all have a type and a shape, none of them a graph output.
+
+    Inference found those when it last ran (the rules emit values without shapes) and would
+    find the same again from the same inputs. A graph output may carry a declared shape that
+    inference refines, so its producer is inferred again.
+    """
+    return [
+        node
+        for graph in (model.graph, *subgraphs(model.graph))
+        for node in graph
+        if all(
+            out.type is not None and out.shape is not None and not out.is_graph_output()
+            for out in node.outputs
+        )
+    ]
+
+
+def _infer_past_guesses(model: ir.Model, skipped: Sequence[ir.Node] = ()) -> None:
     """Symbolic shape inference that passes over the nodes whose rule refuses its own guesses.
 
     The model passed onnx.checker's full check before, so a rule that raises does so on a
     shape inference guessed earlier (a ``Squeeze`` without axes keeps a symbolic dimension,
     then ``Einsum "ij->ji"`` finds rank 3 for its 2 indices). Such a node keeps the outputs it
     has (unknown shapes), as the rules work without, and inference goes on after it.
+
+    The ``skipped`` nodes are passed over the same way from the start: they keep the outputs
+    they have.
     """
     passed_over: list[tuple[ir.Node, str]] = []
+    for known in skipped:
+        passed_over.append((known, known.domain))
+        known.domain = _NOT_INFERRED
     try:
         while True:
             try:
