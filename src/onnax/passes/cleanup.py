@@ -6,7 +6,8 @@ and reordered on its own (onnx_ir's own passes where they do what is needed):
 1. :class:`RemoveDeadNodes`, then :class:`~onnax.passes.fast_steps.RemoveUnusedNodes` (onnx_ir's
    ``RemoveUnusedNodesPass`` with its schema lookups cached);
 2. :class:`EliminateCommonSubexpressions` (``CommonSubexpressionEliminationPass`` that keeps
-   the outputs' declared types), then dead code again;
+   the outputs' declared types; it leaves no dead code, as the inputs of a duplicate are
+   those of its twin, which stays);
 3. :class:`SortGraph`, :class:`FixOutputs`, ``NameFixPass``, :class:`UniqueNamesAcrossScopes`
    and :class:`NameMainGraph`;
 4. :class:`AnnotateShapes`;
@@ -73,9 +74,8 @@ class Cleanup(Steps):
         super().__init__(
             RemoveDeadNodes(),
             RemoveUnusedNodes(),
+            # No dead code after it: a duplicate's inputs are its twin's, which stays.
             EliminateCommonSubexpressions(),
-            RemoveDeadNodes(),
-            RemoveUnusedNodes(),
             SortGraph(),
             FixOutputs(),
             common.NameFixPass(),
