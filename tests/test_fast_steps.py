@@ -9,7 +9,7 @@ import onnx_ir as ir
 import onnx_ir.passes.common as common
 import pytest
 
-from onnax.passes import fast_steps
+from onnax.passes import cse, fast_steps
 
 DATA = os.path.join(os.path.dirname(__file__), "data")
 
@@ -85,3 +85,79 @@ def test_sort_graph_is_onnx_irs() -> None:
     fast_steps.SortGraph()(model)
     reference.graph.sort()
     assert _bytes(model) == _bytes(reference)
+
+
+# Duplicates of every kind CSE meets: chains that merge only once their inputs merged, a
+# duplicate graph output whose twin is an output too (an Identity keeps it) or a plain value
+# (the twin takes the output's name), equal small Constants, a big Constant and random nodes
+# that must stay, attribute lists compared by value, and an If that is never merged.
+DUPLICATES = """
+<ir_version: 8, opset_import: ["" : 18]>
+g (float[2, 3] x, bool c) => (float[2, 3] y1, float[2, 3] y2, float[2, 3] z2, float[3, 2] t2,
+                              float[2, 3] k1, float[2, 3] k2)
+{
+    a1 = Sin (x)
+    a2 = Sin (x)
+    b1 = Mul (a1, x)
+    b2 = Mul (a2, x)
+    y1 = Exp (b1)
+    y2 = Exp (b2)
+    z1 = Cos (b1)
+    z2 = Cos (b2)
+    w = Add (z1, x)
+    t1 = Transpose <perm = [1, 0]> (w)
+    t2 = Transpose <perm = [1, 0]> (w)
+    u = Transpose <perm = [1, 0]> (t1)
+    one1 = Constant <value = float[1] {1}> ()
+    one2 = Constant <value = float[1] {1}> ()
+    big1 = Constant <value = float[11] {1,1,1,1,1,1,1,1,1,1,1}> ()
+    big2 = Constant <value = float[11] {1,1,1,1,1,1,1,1,1,1,1}> ()
+    r1 = RandomUniformLike (x)
+    r2 = RandomUniformLike (x)
+    s1 = Add (one1, big1)
+    s2 = Add (one2, big2)
+    v = Sum (u, r1, r2)
+    k1 = If (c) <
+        then_branch = t () => (float[2, 3] o) { o = Relu (x) },
+        else_branch = e () => (float[2, 3] q) { q = Neg (x) }
+    >
+    k2 = If (c) <
+        then_branch = t2 () => (float[2, 3] o2) { o2 = Relu (x) },
+        else_branch = e2 () => (float[2, 3] q2) { q2 = Neg (x) }
+    >
+}
+"""
+
+
+def _cse_models() -> list[tuple[str, ir.Model]]:
+    return [("duplicates", ir.from_onnx_text(DUPLICATES)), *_models()]
+
+
+@pytest.mark.parametrize(
+    ("name", "model"), _cse_models(), ids=lambda p: p if isinstance(p, str) else ""
+)
+def test_cse_is_onnx_irs(name: str, model: ir.Model) -> None:
+    reference = ir.from_proto(ir.to_proto(model))
+    ours = ir.from_proto(ir.to_proto(model))
+    expected = common.CommonSubexpressionEliminationPass()(reference)
+    modified = cse.eliminate_common_subexpressions(ours.graph)
+    assert modified == expected.modified
+    assert _bytes(ours) == _bytes(reference)
+
+
+def test_the_cse_example_has_something_to_merge() -> None:
+    # Guards the comparison above against an example where both do nothing or too little.
+    model = ir.from_onnx_text(DUPLICATES)
+    before = {n.op_type: 0 for n in model.graph}
+    for n in model.graph:
+        before[n.op_type] += 1
+    assert cse.eliminate_common_subexpressions(model.graph)
+    after = {n.op_type: 0 for n in model.graph}
+    for n in model.graph:
+        after[n.op_type] += 1
+    assert after["Sin"] == after["Mul"] == after["Cos"] == 1
+    assert after["Exp"] == 1 and after["Identity"] == 1  # y2 is y1, kept apart by an Identity
+    assert after["Transpose"] == 2  # t1 = t2 merged, the transpose of t1 stays
+    assert after["Constant"] == 3  # the two ones merged, the big ones not
+    assert after["RandomUniformLike"] == 2 and after["If"] == 2
+    assert [v.name for v in model.graph.outputs] == ["y1", "y2", "z2", "t2", "k1", "k2"]

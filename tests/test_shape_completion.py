@@ -276,3 +276,63 @@ def test_shape_of_unknown_rank_keeps_an_unknown_length() -> None:
     feeds = {"X": x, "T": np.array([2, 3])}
     np.testing.assert_array_equal(run(inferred, feeds)["S"], run(vm, feeds)["S"])
     check_vmap(vm, feeds, in_axes={"X": 0})
+
+
+def _with_new_nodes(text: str) -> ir.Model:
+    """The model of ``text`` inferred, then grown by untyped nodes, as a transform grows it."""
+    model = ir.from_onnx_text(text)
+    infer_shapes(model)
+    graph = model.graph
+    by_name = {v.name: v for n in graph for v in n.outputs}
+    x, t = graph.inputs[0], by_name["t"]
+    shape = ir.node("Shape", [t])
+    grow = ir.node("Expand", [x, shape.outputs[0]])
+    prod = ir.node("Mul", [grow.outputs[0], t])
+    graph.extend([shape, grow, prod])
+    graph.outputs.append(prod.outputs[0])
+    prod.outputs[0].name = "grown"
+    return model
+
+
+@pytest.mark.parametrize("text", [TORCHSCRIPT_EXPAND])
+def test_inferring_only_new_nodes_gives_the_shapes_of_a_full_inference(text: str) -> None:
+    full, new_only = _with_new_nodes(HEADER + text), _with_new_nodes(HEADER + text)
+    known = [n for n in new_only.graph if all(o.shape is not None for o in n.outputs)]
+    infer_shapes(full)
+    infer_shapes(new_only, new_only=True)
+    assert ir.to_proto(new_only).SerializeToString() == ir.to_proto(full).SerializeToString()
+    grown = new_only.graph.outputs[-1]
+    assert grown.shape is not None and list(grown.shape.dims) == [2, 3, 4]
+    assert known and all(n.domain == "" for n in known)  # passed over, then given back
+
+
+def test_inferring_only_new_nodes_passes_over_the_known_ones() -> None:
+    # A known value's shape stays as it is, even one a full inference would refine.
+    model = _with_new_nodes(HEADER + TORCHSCRIPT_EXPAND)
+    t = next(v for n in model.graph for v in n.outputs if v.name == "t")
+    t.shape = ir.Shape([2, 3, "k"])
+    infer_shapes(model, new_only=True)
+    assert t.shape is not None and t.shape.dims[2] == "k"
+    infer_shapes(model)
+    assert t.shape is not None and t.shape.dims[2] == 4
+
+
+def test_inferring_only_new_nodes_infers_what_inference_has_not_seen() -> None:
+    # A node added since the last inference is inferred though a rule gave it a full shape,
+    # and so is a known node with a dimension made unknown since.
+    model = _with_new_nodes(HEADER + TORCHSCRIPT_EXPAND)
+    infer_shapes(model)
+    graph = model.graph
+    t = next(v for n in graph for v in n.outputs if v.name == "t")
+    neg = ir.node("Neg", [t])
+    neg.outputs[0].type = ir.TensorType(ir.DataType.DOUBLE)
+    neg.outputs[0].shape = ir.Shape(["p", "q", "r"])
+    absolute = ir.node("Abs", [neg.outputs[0]])
+    graph.extend([neg, absolute])
+    graph.outputs.append(absolute.outputs[0])
+    absolute.outputs[0].name = "absolute"
+    tanh_input = next(v for n in graph for v in n.outputs if v.name == "a")
+    tanh_input.shape = ir.Shape([2, 3, None])
+    infer_shapes(model, new_only=True)
+    assert neg.outputs[0].shape is not None and list(neg.outputs[0].shape.dims) == [2, 3, 4]
+    assert tanh_input.shape is not None and list(tanh_input.shape.dims) == [2, 3, 4]

@@ -10,6 +10,7 @@ passes, so that none of them has to import another pass for it.
 
 from __future__ import annotations
 
+import weakref
 from collections.abc import Sequence
 
 import onnx_ir as ir
@@ -22,7 +23,7 @@ from onnax.core.traverse import sort, subgraphs
 __all__ = ["RANK_GUESSED", "infer_shapes"]
 
 
-def infer_shapes(model: ir.Model, *, complete: bool = True) -> None:
+def infer_shapes(model: ir.Model, *, complete: bool = True, new_only: bool = False) -> None:
     """Runs symbolic shape inference in place (sorting first, as inference walks in list order).
 
     onnx_shape_inference's answers are completed by :func:`~onnax.core.shape_fill.complete_shapes`:
@@ -40,10 +41,15 @@ def infer_shapes(model: ir.Model, *, complete: bool = True) -> None:
         model: The model, changed in place.
         complete: Whether to complete onnx_shape_inference's answers (costs one more round of
             inference where folding learns something).
+        new_only: Whether the first round of onnx_shape_inference may pass over the nodes
+            the last call inferred (see :func:`_inferred_before`): a transform infers the
+            model it was given, then again after adding nodes to it, and most of a round's
+            time went into nodes whose outputs it already knew. Later rounds, which follow
+            what completion learnt, infer every node.
     """
     declared = _declared_io_shapes(model)
     sort(model.graph)
-    _infer_past_guesses(model)
+    _infer_past_guesses(model, _inferred_before(model) if new_only else ())
     if complete:
         complete_shapes(model, _infer_past_guesses, _guessed_ranks)
     guessed = False
@@ -52,6 +58,9 @@ def infer_shapes(model: ir.Model, *, complete: bool = True) -> None:
     model.graph.meta[RANK_GUESSED] = bool(model.graph.meta.get(RANK_GUESSED)) or guessed
     forget_guessed_broadcasts(model)
     _keep_declared_dims(declared)
+    _LAST_INFERRED[model.graph] = weakref.WeakSet(
+        node for graph in (model.graph, *subgraphs(model.graph)) for node in graph
+    )
 
 
 RANK_GUESSED = "onnax.rank_guessed"
@@ -65,15 +74,59 @@ _NOT_INFERRED = "onnax.not_inferred"
 """A domain without inference rules: a node moved there is passed over by inference."""
 
 
-def _infer_past_guesses(model: ir.Model) -> None:
+def _inferred_before(model: ir.Model) -> list[ir.Node]:
+    """The nodes the last inference of ``model`` saw, whose outputs it fully knows.
+
+    Inferring such a node again, from inputs that are the same values with the same shapes,
+    finds what its outputs hold already. Inferred again all the same: a node added since (a
+    rule may give its outputs a partial shape, ``[None] * rank``, that inference refines), a
+    node producing a graph output (a declared shape that inference may refine), and a node
+    with an output of unknown type or shape, or with an unnamed dimension: inference names
+    the unnamed dimensions of the values it reads, and re-inferring the producer first would
+    give them the producer's names instead (as where ``forget_guessed_broadcasts`` made a
+    dimension unknown).
+    """
+    seen = _LAST_INFERRED.get(model.graph)
+    if not seen:
+        return []
+    return [
+        node
+        for graph in (model.graph, *subgraphs(model.graph))
+        for node in graph
+        if node in seen and all(_fully_known(out) for out in node.outputs)
+    ]
+
+
+def _fully_known(value: ir.Value) -> bool:
+    shape = value.shape
+    if value.type is None or shape is None or value.is_graph_output():
+        return False
+    return all(isinstance(d, int) or d.value is not None for d in shape.dims)
+
+
+_LAST_INFERRED: weakref.WeakKeyDictionary[ir.Graph, weakref.WeakSet[ir.Node]] = (
+    weakref.WeakKeyDictionary()
+)
+"""Per main graph, the nodes of the model (subgraphs included) at the end of its last
+:func:`infer_shapes`. Not in ``graph.meta``: a copy of the model would carry it (a deep copy
+would copy every node), and a copied node is not one that inference saw."""
+
+
+def _infer_past_guesses(model: ir.Model, skipped: Sequence[ir.Node] = ()) -> None:
     """Symbolic shape inference that passes over the nodes whose rule refuses its own guesses.
 
     The model passed onnx.checker's full check before, so a rule that raises does so on a
     shape inference guessed earlier (a ``Squeeze`` without axes keeps a symbolic dimension,
     then ``Einsum "ij->ji"`` finds rank 3 for its 2 indices). Such a node keeps the outputs it
     has (unknown shapes), as the rules work without, and inference goes on after it.
+
+    The ``skipped`` nodes are passed over the same way from the start: they keep the outputs
+    they have.
     """
     passed_over: list[tuple[ir.Node, str]] = []
+    for known in skipped:
+        passed_over.append((known, known.domain))
+        known.domain = _NOT_INFERRED
     try:
         while True:
             try:

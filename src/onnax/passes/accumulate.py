@@ -18,6 +18,7 @@ from typing import Literal
 
 import onnx_ir as ir
 
+from onnax.core import traverse
 from onnax.core.inference import infer_shapes
 from onnax.core.selection import HALF_TYPES
 from onnax.errors import SelectionError
@@ -84,9 +85,11 @@ def accumulate_in_float(
         The number of nodes rewritten.
     """
     main = model.graph
+    # onnax.core.traverse walks the graphs as onnx_ir's all_nodes does, without its per-attribute
+    # protocol checks (most of the cost of a walk over a large derivative model).
     candidates = [
         n
-        for n in main.all_nodes()
+        for n in traverse.all_nodes(main)
         if n.domain == ""
         and n not in primal
         and (
@@ -98,17 +101,19 @@ def accumulate_in_float(
         return 0
     # Emitted values need not carry their element type yet: inference gives it to all of them.
     infer_shapes(model)
-    rewritten = 0
+    replaced: dict[ir.Graph, list[ir.Node]] = {}
     for node in candidates:
-        if node.graph is not None and any(
-            v is not None and v.dtype in HALF_TYPES for v in node.inputs
-        ):
-            _in_float(node.graph, node)
-            rewritten += 1
-    if rewritten:
-        for graph in model.graphs():
+        owner = node.graph
+        if owner is not None and any(v is not None and v.dtype in HALF_TYPES for v in node.inputs):
+            _in_float(owner, node)
+            replaced.setdefault(owner, []).append(node)
+    # One removal per graph: each call makes a set of the graph's outputs.
+    for owner, nodes in replaced.items():
+        owner.remove(nodes, safe=True)
+    if replaced:
+        for graph in traverse.model_graphs(model):
             graph.sort()
-    return rewritten
+    return sum(len(nodes) for nodes in replaced.values())
 
 
 def _holds_half(model: ir.Model) -> bool:
@@ -119,7 +124,7 @@ def _holds_half(model: ir.Model) -> bool:
     emits a half value from non-half ones.
     """
     graph = model.graph
-    values = [*graph.inputs, *(v for n in graph.all_nodes() for v in n.outputs)]
+    values = [*graph.inputs, *(v for n in traverse.all_nodes(graph) for v in n.outputs)]
     return any(v.dtype in HALF_TYPES for v in values)
 
 
@@ -131,7 +136,10 @@ def _scatter_with_reduction(node: ir.Node) -> bool:
 
 
 def _in_float(graph: ir.Graph | ir.Function, node: ir.Node) -> None:
-    """Replaces ``node`` by Cast(FLOAT) -> the same op in FLOAT -> Cast back."""
+    """Puts Cast(FLOAT) -> the same op in FLOAT -> Cast back in ``node``'s place.
+
+    ``node`` is left detached from its inputs and outputs; the caller removes it.
+    """
     new_nodes: list[ir.Node] = []
     inputs: list[ir.Value | None] = []
     for v in node.inputs:
@@ -166,7 +174,6 @@ def _in_float(graph: ir.Graph | ir.Function, node: ir.Node) -> None:
     graph.insert_before(node, new_nodes)
     for i in range(len(node.inputs)):
         node.replace_input_with(i, None)
-    graph.remove(node, safe=True)
 
 
 def _take_place(old: ir.Value, new: ir.Value) -> None:

@@ -6,7 +6,8 @@ and reordered on its own (onnx_ir's own passes where they do what is needed):
 1. :class:`RemoveDeadNodes`, then :class:`~onnax.passes.fast_steps.RemoveUnusedNodes` (onnx_ir's
    ``RemoveUnusedNodesPass`` with its schema lookups cached);
 2. :class:`EliminateCommonSubexpressions` (``CommonSubexpressionEliminationPass`` that keeps
-   the outputs' declared types), then dead code again;
+   the outputs' declared types; it leaves no dead code, as the inputs of a duplicate are
+   those of its twin, which stays);
 3. :class:`SortGraph`, :class:`FixOutputs`, ``NameFixPass``, :class:`UniqueNamesAcrossScopes`
    and :class:`NameMainGraph`;
 4. :class:`AnnotateShapes`;
@@ -29,6 +30,7 @@ from onnax.core.batching import detach
 from onnax.core.inference import RANK_GUESSED, infer_shapes
 from onnax.core.subgraphs import graph_attributes
 from onnax.core.traverse import model_graphs
+from onnax.passes.cse import eliminate_common_subexpressions
 from onnax.passes.fast_steps import RemoveUnusedNodes, SortGraph
 from onnax.passes.simplify import SimplifyLocally, remove_unused
 from onnax.passes.steps import Steps
@@ -72,9 +74,8 @@ class Cleanup(Steps):
         super().__init__(
             RemoveDeadNodes(),
             RemoveUnusedNodes(),
+            # No dead code after it: a duplicate's inputs are its twin's, which stays.
             EliminateCommonSubexpressions(),
-            RemoveDeadNodes(),
-            RemoveUnusedNodes(),
             SortGraph(),
             FixOutputs(),
             common.NameFixPass(),
@@ -158,6 +159,9 @@ class RemoveDeadNodes(passes.InPlacePass):
 class EliminateCommonSubexpressions(passes.InPlacePass):
     """onnx_ir's ``CommonSubexpressionEliminationPass``, keeping the outputs' declared types.
 
+    It runs as :func:`~onnax.passes.cse.eliminate_common_subexpressions` (the same rewrite,
+    linear in the graph's size).
+
     When a rule emits a copy of a primal output (Sin's tangent computes ``Cos(x)``, a graph
     output of its own), CSE may keep the emitted, untyped copy in the output's place: the
     output would then serialise without a type, which ``onnx.checker`` rejects.
@@ -166,9 +170,9 @@ class EliminateCommonSubexpressions(passes.InPlacePass):
     def call(self, model: ir.Model) -> passes.PassResult:
         """Runs the step on ``model``."""
         declared = [(v.type, v.shape) for v in model.graph.outputs]
-        result = common.CommonSubexpressionEliminationPass()(model)
+        modified = eliminate_common_subexpressions(model.graph)
         _keep_output_types(model.graph, declared)
-        return passes.PassResult(model, modified=result.modified)
+        return passes.PassResult(model, modified=modified)
 
 
 class FixOutputs(passes.InPlacePass):
@@ -304,7 +308,7 @@ def _annotate(model: ir.Model) -> None:
     try:
         # Without the completion rounds: the next transform completes the shapes it needs,
         # and a second round of inference on a derivative model costs a fifth of a transform.
-        infer_shapes(model, complete=False)
+        infer_shapes(model, complete=False, new_only=True)
     except (OpUsageError, ShapeInferenceError):
         logger.debug("shape inference stopped on the transformed model", exc_info=True)
     for value in unshaped:

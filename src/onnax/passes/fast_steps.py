@@ -105,18 +105,25 @@ def _remove_unused_nodes(
     graph_outputs = frozenset(graph.outputs)
     if not is_subgraph:
         opset = graph.opset_imports.get("", opset)
+    dead: list[ir.Node] = []
     count = 0
     for node in reversed(graph):
         if not any(out in graph_outputs or out.uses() for out in node.outputs):
-            graph.remove(node, safe=True)
-            count += 1
+            # What graph.remove(node, safe=True) does first, so that its producers (visited
+            # next) see it gone; the removal itself waits for one call, as each call makes a
+            # set of the graph's outputs.
+            for i in range(len(node.inputs)):
+                node.replace_input_with(i, None)
+            dead.append(node)
             continue
         _remove_trailing_empty_inputs(node)
         if opset is not None:
             _remove_unused_optional_outputs(node, graph_outputs, opset)
         for body in traverse.bodies(node):
             count += _remove_unused_nodes(body, opset, is_subgraph=True)
-    return count
+    if dead:
+        graph.remove(dead, safe=True)
+    return count + len(dead)
 
 
 class RemoveUnusedNodes(passes.InPlacePass):

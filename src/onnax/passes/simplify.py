@@ -29,6 +29,7 @@ import onnx_ir.passes as passes
 
 from onnax.core.inference import RANK_GUESSED
 from onnax.core.static import constant_of
+from onnax.core.traverse import model_graphs
 from onnax.passes.simplify_fold import MAX_FOLDED_ELEMENTS, fold_node, foldable
 from onnax.passes.stop_gradient import STOP_MARK
 
@@ -48,7 +49,7 @@ class SimplifyLocally(passes.InPlacePass):
         """Runs the sweep on ``model``."""
         sweep = _Sweep(model.graph)
         modified = False
-        for graph in list(model.graphs()):
+        for graph in model_graphs(model):
             modified = sweep.run(graph) or modified
             remove_unused(graph, sweep.dropped)
             sweep.dropped = []
