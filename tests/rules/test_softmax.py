@@ -21,7 +21,7 @@ import pytest
 import onnax
 from cases import Case, case_id, parametrize, run_case, run_vmap_case
 from onnax.errors import UnsupportedOperatorError
-from oracles import check_adjoint, check_jvp, run
+from oracles import check_adjoint, check_jvp, check_vjp, run
 from rules.test_reduce import check_second_order, check_vmap_of_derivatives
 
 CASES: list[Case] = []
@@ -91,6 +91,19 @@ def test_fully_masked_softmax_row_gives_zero_not_nan(op: str, dtype: str) -> Non
     adj = ct[vm.graph.outputs[1].name]
     assert np.all(np.isfinite(adj)), adj
     assert not np.any(adj[1]), adj
+
+
+# ------------------------------------------------------------------------------- graph shape
+@pytest.mark.parametrize("dims", ["2, 3, 4", "N, 3, 4"])
+def test_softmax_backward_broadcasts_its_row_sums(dims: str) -> None:
+    """vjp of Softmax multiplies the row sums into y by broadcasting: no full-size Expand (the
+    transpose of the ReduceSum), three full-size products and sums, and still the derivative."""
+    model = Case("sm", f"g ({{T}}[{dims}] X) => ({{T}}[{dims}] Y) {{ Y = Softmax<axis = -1>(X) }}")
+    m = model.model("double", 18)
+    vm = check_vjp(m, {"X": np.random.default_rng(0).standard_normal((2, 3, 4))})
+    ops = [n.op_type for n in vm.graph]
+    assert "Expand" not in ops, ops
+    assert ops.count("Mul") == 2 and ops.count("ReduceSum") == 1, ops
 
 
 # ------------------------------------------------------------------------------- errors
