@@ -28,6 +28,7 @@ from onnax.core.selection import FLOAT_TYPES
 from onnax.core.shapes import broadcast_to, same_shape, unbroadcast
 from onnax.core.static import constant_of
 from onnax.errors import UnsupportedOperatorError
+from onnax.rules._gelu import gelu_tangent
 from onnax.rules._patterns import (
     attributes_of,
     broadcasting_batch,
@@ -98,6 +99,9 @@ mul.batch(note_ranks(broadcasting_batch))
 def _mul_jvp(em: Emitter, node: ir.Node, tangents: Tangents) -> list[ir.Value | None]:
     (a, b), (ta, tb) = node.inputs, tangents
     assert a is not None and b is not None
+    gelu = gelu_tangent(em, node)
+    if gelu is not None:
+        return [gelu]
     if a is b and ta is not None:
         # x * x: one term, 2x · t, instead of t·x + x·t.
         return [em.op("Mul", [ta, em.op("Mul", [a, em.scalar(2.0, a)])])]
