@@ -18,6 +18,7 @@ import pytest
 
 import onnax
 from cases import Case, case_id, parametrize, run_case
+from onnax.core.static import constant_of
 from oracles import run
 
 HEAD = "g ({T}[N, 4] X) => ({T}[N, 4] Y) {\n"
@@ -90,7 +91,7 @@ def _ops(model: ir.Model) -> list[str]:
 
 @pytest.mark.parametrize(
     ("case", "derivative_ops"),
-    # erf: u*u, Sub, Exp, x*bell, k*s, Add (the slope), t*slope. tanh: 3m, Add, 1-t, Mul,
+    # erf: u*u, Sub, Exp, x*bell, Add (the slope), t*slope, k*(t*slope). tanh: 3m, Add, 1-t, Mul,
     # Mul, Add (the slope's factor), Mul by s, t*slope.
     [(ERF_TORCH, 7), (ERF_HALF_FIRST, 7), (ERF_NO_HALF, 6), (TANH_GPT2, 8), (TANH_FAST_GELU, 8)],
     ids=case_id,
@@ -170,3 +171,14 @@ def test_stop_gradient_inside_the_chain_is_kept() -> None:
     got = run(vm, feeds)[vm.graph.outputs[1].name]
     expected = 0.5 * (1 + np.vectorize(math.erf)(x / math.sqrt(2.0)))
     np.testing.assert_allclose(got, expected, rtol=1e-5, atol=1e-6)
+
+
+def test_erf_scale_meets_the_cotangent_first() -> None:
+    """Reverse mode scales the incoming cotangent by the 0.5 (which onnxruntime folds into the
+    MatMul producing it) instead of spending a full-size pass on 0.5 * (1 + erf)."""
+    vm = onnax.vjp(ERF_TORCH.model("float", 18))
+    seed = vm.graph.inputs[1]
+    (use,) = [u.node for u in seed.uses()]
+    other = next(i for i in use.inputs if i is not seed)
+    assert use.op_type == "Mul" and other is not None
+    assert float(np.asarray(constant_of(other))) == 0.5

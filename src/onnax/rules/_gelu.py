@@ -7,8 +7,8 @@ every one of those nodes gets a tangent and reverse mode transposes each: nine (
 (tanh) full-size passes over the activation, and the residuals of several intermediates. Read as
 one function of ``x``, the tangent is ``slope(x) * t_x``, with the slope built from the values
 the forward sweep already holds (the Erf input and ``1 + erf``; the cube term, ``tanh`` and
-``1 + tanh``): seven (erf) or eight (tanh) passes, of which one in the backward sweep, and one
-residual. The per-node tangents of the intermediates are left to dead-code removal when nothing
+``1 + tanh``): six (erf: five and a scalar product, which onnxruntime folds into a MatMul
+before it) or eight (tanh) passes, of which one or two in the backward sweep, and one residual. The per-node tangents of the intermediates are left to dead-code removal when nothing
 else reads them (and are used as before when something does).
 
 The slope is the chain rule of the graph as written, with its own constants (the exported
@@ -197,24 +197,26 @@ def _scaled_by_consumer(node: ir.Node) -> bool:
     )
 
 
-def _slope(em: Emitter, cdf: _Cdf, k: float) -> ir.Value | None:
+def _slope(em: Emitter, cdf: _Cdf, k: float) -> tuple[ir.Value, float] | None:
+    """``(slope, factor)``: the derivative of ``k x s`` is ``factor * slope``."""
     x, s = cdf.x, cdf.s
     if cdf.kind == "erf":
-        # d(k x s)/dx = k s + k x erf'(u) du = k s + x exp(ln K - u^2), K = k du 2/sqrt(pi)
-        big_k = k * cdf.du * 2.0 / math.sqrt(math.pi)
+        # d(k x s)/dx = k (s + x erf'(u) du) = k (s + x exp(ln K - u^2)), K = du 2/sqrt(pi).
+        # The factor k stays a scalar product of the cotangent, which onnxruntime folds into the
+        # MatMul that computes it (MatMulScaleFusion) instead of a full-size k * s.
+        big_k = cdf.du * 2.0 / math.sqrt(math.pi)
         if big_k <= 0.0:
             return None
         u2 = em.op("Mul", [cdf.u, cdf.u])
         bell = em.op("Exp", [em.op("Sub", [em.scalar(math.log(big_k), x), u2])])
-        ks = s if k == 1.0 else em.op("Mul", [s, em.scalar(k, x)])
-        return em.op("Add", [ks, em.op("Mul", [x, bell])])
+        return em.op("Add", [s, em.op("Mul", [x, bell])]), k
     # d(k x s)/dx = k s + k x (1 - t^2) c2 (1 + 3 c1 x^2) = k s (1 + c2 (x + 3 m) (1 - t)),
-    # with 1 - t^2 = (1 - t) s and c1 x^3 = m
+    # with 1 - t^2 = (1 - t) s and c1 x^3 = m; k costs no pass of its own here.
     assert cdf.cube is not None
     near = em.op("Add", [x, em.op("Mul", [cdf.cube, em.scalar(3.0, x)])])
     z = em.op("Mul", [near, em.op("Sub", [em.scalar(1.0, x), cdf.f])])
     scaled = em.op("Add", [em.op("Mul", [z, em.scalar(cdf.c2 * k, x)]), em.scalar(k, x)])
-    return em.op("Mul", [scaled, s])
+    return em.op("Mul", [scaled, s]), 1.0
 
 
 def gelu_tangent(em: Emitter, node: ir.Node) -> ir.Value | None:
@@ -241,8 +243,13 @@ def gelu_tangent(em: Emitter, node: ir.Node) -> ir.Value | None:
         for i in n.inputs
     ):
         return None
-    slope = _slope(em, cdf, k)
-    return None if slope is None else em.op("Mul", [t_x, slope])
+    found_slope = _slope(em, cdf, k)
+    if found_slope is None:
+        return None
+    slope, factor = found_slope
+    # The factor outermost: reverse mode applies it first, to the incoming cotangent.
+    t_y = em.op("Mul", [t_x, slope])
+    return t_y if factor == 1.0 else em.op("Mul", [t_y, em.scalar(factor, cdf.x)])
 
 
 def _nodes(cdf: _Cdf, node: ir.Node, products: tuple[ir.Value, ...]) -> list[ir.Node]:
