@@ -71,6 +71,24 @@ CASES = [
         opsets=(11, 18),
     ),
     Case(
+        # The square's slope is spelled 2 * A (no Pow), the identity's is the tangent itself.
+        "pow_const_square",
+        "g ({T}[N, 3] A) => ({T}[N, 3] Y) { c = Constant <value = {T} {2.0}> ()\n Y = Pow(A, c) }",
+        opsets=(13,),
+    ),
+    Case(
+        "pow_const_one",
+        "g ({T}[N, 3] A) => ({T}[N, 3] Y) { c = Constant <value = {T} {1.0}> ()\n Y = Pow(A, c) }",
+        opsets=(13,),
+    ),
+    Case(
+        # A one-element exponent of higher rank than the base broadcasts the result up.
+        "pow_const_exponent_raises_rank",
+        "g ({T}[3] A) => ({T}[1, 1, 3] Y) "
+        "{ c = Constant <value = {T}[1, 1, 1] {3.0}> ()\n Y = Pow(A, c) }",
+        opsets=(13,),
+    ),
+    Case(
         # Pow-12+: an integer exponent (no derivative) with a float base.
         "pow_int_exponent",
         "g ({T}[N, 3] A, int64[3] B) => ({T}[N, 3] Y) { Y = Pow(A, B) }",
@@ -325,6 +343,22 @@ def test_pow_negative_base_exponent_derivative_is_finite() -> None:
     expected = 4 * np.log(2.0) + 9 * np.log(3.0)
     np.testing.assert_allclose(got["adj_B"], expected, rtol=1e-5)
     np.testing.assert_allclose(got["adj_A"], [-4.0, 0.0, 6.0], rtol=1e-5)
+
+
+@pytest.mark.parametrize(("exponent", "muls"), [(2.0, 2), (3.0, 3)])
+def test_pow_small_integer_exponent_slope_is_spelled_with_mul(exponent: float, muls: int) -> None:
+    """d(A**2) = 2A dA and d(A**3) = 3 A*A dA with Mul: the only Pow left is the primal one."""
+    text = (
+        "g (double[N, 3] A) => (double[N, 3] Y) "
+        f"{{ c = Constant <value = double {{{exponent}}}> ()\n Y = Pow(A, c) }}"
+    )
+    model = Case("pow", text).model("double", 13)
+    feeds = {"A": np.random.default_rng(0).standard_normal((2, 3))}
+    vm = check_vjp(model, feeds)
+    ops = [n.op_type for n in vm.graph]
+    assert ops.count("Pow") == 1 and ops.count("Mul") == muls, ops
+    jm = check_jvp(model, feeds)
+    assert [n.op_type for n in jm.graph].count("Pow") == 1
 
 
 @pytest.mark.parametrize("opset", [11, 13, 21])

@@ -21,7 +21,7 @@ import pytest
 import onnax
 from cases import Case, case_id, parametrize, run_case, run_vmap_case
 from onnax.errors import UnsupportedOperatorError
-from oracles import check_adjoint, check_jvp, run
+from oracles import check_adjoint, check_jvp, check_vjp, run
 from rules.test_reduce import check_second_order, check_vmap_of_derivatives
 
 CASES: list[Case] = []
@@ -91,6 +91,52 @@ def test_fully_masked_softmax_row_gives_zero_not_nan(op: str, dtype: str) -> Non
     adj = ct[vm.graph.outputs[1].name]
     assert np.all(np.isfinite(adj)), adj
     assert not np.any(adj[1]), adj
+
+
+# ------------------------------------------------------------------------------- graph shape
+@pytest.mark.parametrize("dims", ["2, 3, 4", "N, 3, 4"])
+def test_softmax_backward_broadcasts_its_row_sums(dims: str) -> None:
+    """vjp of Softmax multiplies the row sums into y by broadcasting: no full-size Expand (the
+    transpose of the ReduceSum), three full-size products and sums, and still the derivative."""
+    model = Case("sm", f"g ({{T}}[{dims}] X) => ({{T}}[{dims}] Y) {{ Y = Softmax<axis = -1>(X) }}")
+    m = model.model("double", 18)
+    vm = check_vjp(m, {"X": np.random.default_rng(0).standard_normal((2, 3, 4))})
+    ops = [n.op_type for n in vm.graph]
+    assert "Expand" not in ops, ops
+    assert ops.count("Mul") == 2 and ops.count("ReduceSum") == 1, ops
+
+
+@pytest.mark.parametrize("op", ["Softmax", "LogSoftmax"])
+def test_no_nan_guard_where_no_row_can_be_masked(op: str) -> None:
+    """The IsNaN/Where guard of masked rows is emitted only where a -inf can reach the input:
+    not for scores out of a MatMul scaled by a finite constant; yes for a -inf mask constant or
+    a graph input (which may be fed -inf); the derivatives agree with finite differences."""
+    head = "g ({T}[2, 3, 4] Q, {T}[2, 4, 3] K, {T}[2, 3, 3] M) => ({T}[2, 3, 3] Y) {\n"
+    scores = " s = Constant<value = {T} {0.5}>()\n P = MatMul(Q, K)\n S = Mul(P, s)\n"
+    masked = (
+        " ninf = Constant<value = {T} {-inf}>()\n z = Constant<value = {T} {0}>()\n"
+        " c = Constant<value = bool[3, 3] {1, 0, 0, 1, 1, 0, 1, 1, 1}>()\n"
+        " bias = Where(c, z, ninf)\n S = Add(P, bias)\n"
+    )
+    rng = np.random.default_rng(0)
+    feeds = {
+        "Q": rng.standard_normal((2, 3, 4)),
+        "K": rng.standard_normal((2, 4, 3)),
+        "M": rng.standard_normal((2, 3, 3)),
+    }
+    for body, guarded in [
+        (scores + f" Y = {op}<axis = -1>(S) }}", False),
+        (" P = MatMul(Q, K)\n" + masked + f" Y = {op}<axis = -1>(S) }}", True),
+        (" P = MatMul(Q, K)\n S = Add(P, M)\n" + f" Y = {op}<axis = -1>(S) }}", True),
+    ]:
+        model = Case("sm", head + body).model("double", 18)
+        # LogSoftmax of a masked entry is -inf, where differences are NaN: structure only.
+        finite = op == "Softmax" or "ninf" not in body
+        vm = check_vjp(model, feeds) if finite else onnax.vjp(model)
+        ops = [n.op_type for n in vm.graph]
+        assert ("IsNaN" in ops) == guarded and ("Where" in ops) == guarded, (body, ops)
+        if finite:
+            check_jvp(model, feeds)
 
 
 # ------------------------------------------------------------------------------- errors

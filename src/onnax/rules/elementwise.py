@@ -26,7 +26,9 @@ from onnax.core.emit import Emitter, InternalRuleError
 from onnax.core.registry import Args, BatchResult, OpRules, Tangents
 from onnax.core.selection import FLOAT_TYPES
 from onnax.core.shapes import broadcast_to, same_shape, unbroadcast
+from onnax.core.static import constant_of
 from onnax.errors import UnsupportedOperatorError
+from onnax.rules._gelu import gelu_tangent
 from onnax.rules._patterns import (
     attributes_of,
     broadcasting_batch,
@@ -71,6 +73,24 @@ def _add_sub_transpose(
 
 
 # ----------------------------------------------------------------------------------- Mul
+def _unexpanded(ct: ir.Value, other: ir.Value, y: ir.Value) -> ir.Value:
+    """The cotangent ``ct`` of ``y`` before an ``Expand``, when ``other`` broadcasts it anyway.
+
+    A reduction's transpose (the row sums of Softmax, LayerNorm and ReduceMean backward) hands
+    back ``Expand(r, shape)``, a full-size pass over memory; when the primal operand ``other``
+    already has the result's shape, the product broadcasts ``r`` to the same tensor, so the
+    Expand is left for dead-code removal. ``ct`` has ``y``'s shape (the transpose contract),
+    so ``Expand(r) == broadcast(r, shape(other))`` element for element.
+    """
+    producer = ct.producer()
+    if producer is None or producer.op_type != "Expand" or producer.domain != "":
+        return ct
+    r = producer.inputs[0]
+    if r is None or not same_shape(other, y):
+        return ct
+    return r
+
+
 mul = OpRules("Mul", since=7)
 mul.batch(note_ranks(broadcasting_batch))
 
@@ -79,6 +99,9 @@ mul.batch(note_ranks(broadcasting_batch))
 def _mul_jvp(em: Emitter, node: ir.Node, tangents: Tangents) -> list[ir.Value | None]:
     (a, b), (ta, tb) = node.inputs, tangents
     assert a is not None and b is not None
+    gelu = gelu_tangent(em, node)
+    if gelu is not None:
+        return [gelu]
     if a is b and ta is not None:
         # x * x: one term, 2x · t, instead of t·x + x·t.
         return [em.op("Mul", [ta, em.op("Mul", [a, em.scalar(2.0, a)])])]
@@ -99,8 +122,8 @@ def _mul_transpose(
     if linear[0] and linear[1]:
         raise AssertionError("Mul of two linear values is not linear")
     if linear[0]:
-        return [unbroadcast(em, em.op("Mul", [ct, b]), a, y), None]
-    return [None, unbroadcast(em, em.op("Mul", [a, ct]), b, y)]
+        return [unbroadcast(em, em.op("Mul", [_unexpanded(ct, b, y), b]), a, y), None]
+    return [None, unbroadcast(em, em.op("Mul", [a, _unexpanded(ct, a, y)]), b, y)]
 
 
 # ----------------------------------------------------------------------------------- Div
@@ -130,7 +153,7 @@ def _div_transpose(
     assert ct is not None and a is not None and b is not None
     if linear[1]:
         raise AssertionError("Div is linear in its numerator only")
-    return [unbroadcast(em, em.op("Div", [ct, b]), a, y), None]
+    return [unbroadcast(em, em.op("Div", [_unexpanded(ct, b, y), b]), a, y), None]
 
 
 # ---------------------------------------------------------------------- Neg / Identity
@@ -168,6 +191,34 @@ def _cast(em: Emitter, value: ir.Value, dtype: ir.DataType) -> ir.Value:
 
 
 # ----------------------------------------------------------------------------------- Pow
+def _small_integer_exponent(a: ir.Value, b: ir.Value) -> int | None:
+    """The exponent when it is a constant 1, 2 or 3 (GELU's ``x ** 3``, squares), else None.
+
+    Only a rank-0 exponent qualifies (or one of a single element whose rank does not exceed the
+    base's): the result then has the base's shape, which the Mul forms below keep.
+    """
+    # A graph input's initializer is only a default: the caller may feed another exponent.
+    tensor = None if b.is_graph_input() else constant_of(b)
+    if tensor is None or tensor.size != 1:
+        return None
+    rank_a = a.shape.rank() if a.shape is not None else None
+    if tensor.ndim > 0 and (rank_a is None or tensor.ndim > rank_a):
+        return None
+    value = float(tensor.reshape(()))
+    return int(value) if value in (1.0, 2.0, 3.0) else None
+
+
+def _integer_power_slope(em: Emitter, a: ir.Value, n: int, dtype: ir.DataType) -> ir.Value:
+    """``n * a ** (n - 1)`` for ``n`` 2 or 3, spelled with Mul: Pow's kernel is several times slower.
+
+    ``a ** 1`` is ``a`` and ``a ** 2`` is ``a * a`` exactly; the integer factor is exact in
+    every float type.
+    """
+    if n == 2:
+        return em.op("Mul", [a, em.scalar(2.0, like=dtype)])
+    return em.op("Mul", [em.op("Mul", [a, a]), em.scalar(float(n), like=dtype)])
+
+
 pow_ = OpRules("Pow", since=7)
 pow_.batch(note_ranks(broadcasting_batch))
 
@@ -181,9 +232,15 @@ def _pow_jvp(em: Emitter, node: ir.Node, tangents: Tangents) -> list[ir.Value | 
     if ta is not None:
         # d(a^b)/da = b * a^(b-1). Since Pow-12 the exponent may have another (even an integer)
         # type; the coefficient is computed in the base's type.
-        exponent = _cast(em, b, dtype)
-        power = em.op("Pow", [a, em.op("Sub", [exponent, em.scalar(1.0, like=dtype)])])
-        terms.append(em.op("Mul", [ta, em.op("Mul", [exponent, power])]))
+        n = _small_integer_exponent(a, b) if tb is None else None
+        if n == 1:
+            terms.append(ta)
+        elif n is not None:
+            terms.append(em.op("Mul", [ta, _integer_power_slope(em, a, n, dtype)]))
+        else:
+            exponent = _cast(em, b, dtype)
+            power = em.op("Pow", [a, em.op("Sub", [exponent, em.scalar(1.0, like=dtype)])])
+            terms.append(em.op("Mul", [ta, em.op("Mul", [exponent, power])]))
     if tb is not None:
         # d(a^b)/db = a^b * log(a). At a == 0 the log is replaced by log(1) = 0 so that the
         # derivative is 0 there (as a^b is flat in b for b > 0) and not 0 * -inf = NaN; keeping

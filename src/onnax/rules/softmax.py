@@ -10,7 +10,9 @@ whose transposes serve reverse mode.
   on they normalise along ``axis`` alone.
 * **Masked rows.** A row that is entirely -inf (attention with every key masked) has a NaN
   softmax that models discard with a Where; its coefficients are read as 0 there, so the zero
-  cotangent coming back stays 0.
+  cotangent coming back stays 0. That guard (IsNaN and Where, two full-size passes over the
+  attention matrix) is emitted only where a -inf can reach the input: from a constant, a graph
+  input or an operator that makes one (see ``_may_hold_minus_inf``), not through a product.
 * **Batch rules** (vmap) shift ``axis`` past the batch axis. Before opset 13 the input is coerced
   to ``[prod(dims[:axis]), prod(dims[axis:])]``; with the batch axis in front, ``axis + 1`` folds
   the batch into the rows and leaves the normalised block ``dims[axis:]`` unchanged.
@@ -20,6 +22,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
+import numpy as np
 import onnx_ir as ir
 
 from onnax.core.attrs import int_attr
@@ -27,6 +30,7 @@ from onnax.core.batching import Batcher
 from onnax.core.diagnostics import node_label, op_label
 from onnax.core.emit import Emitter
 from onnax.core.registry import Args, BatchResult, BatchRule, JvpRule, OpRules, Tangents
+from onnax.core.static import constant_of
 from onnax.errors import UnsupportedOperatorError
 from onnax.rules._patterns import attributes_of
 from onnax.rules.reduce import shift_past_batch, unbatched_rank
@@ -65,6 +69,72 @@ def _nan_to_zero(em: Emitter, p: ir.Value, like: ir.Value) -> ir.Value:
     return em.op("Where", [em.op("IsNaN", [p]), em.scalar(0.0, like=like), p])
 
 
+# Operators whose outputs hold no -inf when their inputs hold none (short of an overflow, see
+# _may_hold_minus_inf): what their data input holds does not decide whether a row can be masked.
+_FINITE_OF_FINITE = frozenset(
+    {
+        "MatMul", "Gemm", "Conv", "ConvTranspose", "Einsum", "FusedMatMul",
+        "LayerNormalization", "SkipLayerNormalization", "BatchNormalization",
+        "Softmax", "Tanh", "Sigmoid", "Erf", "Relu", "Gelu", "FastGelu", "Abs", "Exp",
+        "ReduceMean", "ReduceSum",
+    }
+)  # fmt: skip
+# Operators that pass an operand's -inf through (or make one of a -inf operand).
+_CARRIES_MINUS_INF = frozenset(
+    {
+        "Add", "Sub", "Mul", "Div", "Neg", "Where", "Max", "Min", "Sum", "Clip",
+        "Reshape", "Transpose", "Expand", "Squeeze", "Unsqueeze", "Flatten", "Identity",
+        "Cast", "CastLike", "Concat", "Slice", "Gather", "Tile", "Split",
+    }
+)  # fmt: skip
+_WALK_BUDGET = 64
+
+
+def _may_hold_minus_inf(x: ir.Value) -> bool:
+    """Whether a softmax row of ``x`` can be entirely -inf: whether a -inf can reach ``x``.
+
+    The walk goes up through the operators that carry a -inf and stops at the ones that make
+    finite values of finite ones (products, normalisations, bounded activations). A -inf (or a
+    NaN) in a constant, a graph input (which the caller may fill with -inf, an additive mask),
+    any other operator (``Log`` of a 0/1 mask) or a walk too long to follow says yes. An
+    overflow to -inf inside a product is not followed: a whole row of them makes the primal NaN
+    too, which no model is built to discard.
+    """
+    seen: set[ir.Value] = set()
+    stack = [x]
+    while stack:
+        v = stack.pop()
+        if v in seen:
+            continue
+        seen.add(v)
+        if v.dtype is not None and not v.dtype.is_floating_point():
+            continue  # a Where's condition, an index: no -inf of their own
+        if len(seen) > _WALK_BUDGET or v.is_graph_input():
+            return True
+        data = constant_of(v)
+        if data is not None:
+            if np.issubdtype(data.dtype, np.floating) and not np.all(np.isfinite(data)):
+                return True
+            continue
+        node = v.producer()
+        if node is None:  # an initializer without data, or an outer-scope value
+            return True
+        if node.op_type in _FINITE_OF_FINITE:
+            continue
+        if node.op_type not in _CARRIES_MINUS_INF:
+            return True
+        stack.extend(i for i in node.inputs if i is not None)
+    return False
+
+
+def _guarded(em: Emitter, node: ir.Node, p: ir.Value, like: ir.Value) -> ir.Value:
+    """``p`` with NaN replaced by 0 where a masked (all -inf) row can arise, else ``p``."""
+    x = node.inputs[0]
+    if x is not None and not _may_hold_minus_inf(x):
+        return p
+    return _nan_to_zero(em, p, like)
+
+
 def _softmax_jvp(flatten: bool) -> JvpRule:
     def rule(em: Emitter, node: ir.Node, tangents: Tangents) -> list[ir.Value | None]:
         """The tangent is y * (t - sum(y * t)) over the normalised axes."""
@@ -73,7 +143,7 @@ def _softmax_jvp(flatten: bool) -> JvpRule:
             return [None]
         y = node.outputs[0]
         axes = _softmax_axes(node, em.opset, flatten=flatten)
-        y = _nan_to_zero(em, y, y)
+        y = _guarded(em, node, y, y)
         expected_t = em.reduce_sum(em.op("Mul", [t, y]), axes, keepdims=True)
         return [em.op("Mul", [em.op("Sub", [t, expected_t]), y])]
 
@@ -88,7 +158,7 @@ def _log_softmax_jvp(flatten: bool) -> JvpRule:
             return [None]
         y = node.outputs[0]
         axes = _softmax_axes(node, em.opset, flatten=flatten)
-        softmax = _nan_to_zero(em, em.op("Exp", [y]), y)
+        softmax = _guarded(em, node, em.op("Exp", [y]), y)
         expected_t = em.reduce_sum(em.op("Mul", [t, softmax]), axes, keepdims=True)
         return [em.op("Sub", [t, expected_t])]
 

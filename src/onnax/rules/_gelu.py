@@ -1,0 +1,257 @@
+"""GELU spelled with primitives, recognised at its last ``Mul``: one slope instead of a chain.
+
+Exporters write GELU out as elementwise primitives: torch's exact GELU as
+``0.5 * (x * (1 + erf(x / sqrt 2)))``, GPT-2's tanh approximation as
+``(0.5 * x) * (1 + tanh(sqrt(2/pi) * (x + 0.044715 * x ** 3)))``. Linearised node by node,
+every one of those nodes gets a tangent and reverse mode transposes each: nine (erf) or thirteen
+(tanh) full-size passes over the activation, and the residuals of several intermediates. Read as
+one function of ``x``, the tangent is ``slope(x) * t_x``, with the slope built from the values
+the forward sweep already holds (the Erf input and ``1 + erf``; the cube term, ``tanh`` and
+``1 + tanh``): six (erf: five and a scalar product, which onnxruntime folds into a MatMul
+before it) or eight (tanh) passes, of which one or two in the backward sweep, and one residual. The per-node tangents of the intermediates are left to dead-code removal when nothing
+else reads them (and are used as before when something does).
+
+The slope is the chain rule of the graph as written, with its own constants (the exported
+``sqrt 2``, ``0.5``, ``0.044715``): not a different approximation of GELU.
+
+:func:`gelu_tangent` is called by the ``Mul`` jvp rule; it matches only when every
+intermediate carries a tangent (no stop_gradient inside) and the constants carry none.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+
+import numpy as np
+import onnx_ir as ir
+
+from onnax.core.emit import Emitter
+from onnax.core.selection import FLOAT_TYPES
+from onnax.core.static import constant_of
+
+__all__ = ["gelu_tangent"]
+
+
+def _scalar(v: ir.Value | None, x: ir.Value) -> float | None:
+    """The value of a one-element constant that broadcasts to ``x``'s shape, else None."""
+    if v is None or v.is_graph_input():
+        return None
+    data = constant_of(v)
+    if data is None or data.size != 1 or not np.issubdtype(data.dtype, np.floating):
+        return None
+    if data.ndim > 0 and (x.shape is None or data.ndim > x.shape.rank()):
+        return None
+    return float(data.reshape(()))
+
+
+def _producer(v: ir.Value | None, op_type: str) -> ir.Node | None:
+    node = v.producer() if v is not None else None
+    if node is None or node.op_type != op_type or node.domain != "" or len(node.inputs) < 1:
+        return None
+    return node
+
+
+def _split_const(node: ir.Node, x_like: ir.Value | None = None) -> tuple[ir.Value, float] | None:
+    """``(value, c)`` for a binary node of a value and a scalar constant ``c`` (either order)."""
+    a, b = node.inputs[0], node.inputs[1] if len(node.inputs) > 1 else None
+    if a is None or b is None:
+        return None
+    for value, const in ((a, b), (b, a)):
+        c = _scalar(const, x_like if x_like is not None else value)
+        if c is not None and constant_of(value) is None:
+            return value, c
+    return None
+
+
+@dataclasses.dataclass(frozen=True)
+class _Cdf:
+    """``s = 1 + f(u(x))``, f erf or tanh, and what the slope reads."""
+
+    kind: str  # "erf" or "tanh"
+    x: ir.Value
+    s: ir.Value
+    f: ir.Value  # erf(u) or tanh(u)
+    u: ir.Value  # the argument of f
+    du: float  # erf: du/dx (u = x * du)
+    cube: ir.Value | None  # tanh: m = c1 * x**3, as the graph computes it
+    c2: float  # tanh: u = c2 * (x + m)
+    values: tuple[ir.Value, ...]  # the intermediates, which must all carry tangents
+
+
+def _one_plus(s: ir.Value) -> ir.Value | None:
+    """``f`` when ``s = Add(f, 1)`` (either order)."""
+    node = _producer(s, "Add")
+    if node is None:
+        return None
+    split = _split_const(node)
+    return split[0] if split is not None and split[1] == 1.0 else None
+
+
+def _erf_cdf(s: ir.Value, f: ir.Value) -> _Cdf | None:
+    erf = _producer(f, "Erf")
+    if erf is None or erf.inputs[0] is None:
+        return None
+    u = erf.inputs[0]
+    scale = _producer(u, "Div") or _producer(u, "Mul")
+    if scale is None:
+        return None
+    if scale.op_type == "Div":
+        x, c = scale.inputs[0], _scalar(scale.inputs[1], u)
+        if x is None or c is None or c == 0.0 or constant_of(x) is not None:
+            return None
+        du = 1.0 / c
+    else:
+        split = _split_const(scale)
+        if split is None:
+            return None
+        x, du = split
+    return _Cdf("erf", x, s, f, u, du, None, 0.0, (s, f, u))
+
+
+def _tanh_cdf(s: ir.Value, f: ir.Value) -> _Cdf | None:
+    tanh = _producer(f, "Tanh")
+    if tanh is None or tanh.inputs[0] is None:
+        return None
+    u = tanh.inputs[0]
+    outer = _producer(u, "Mul")
+    split = _split_const(outer) if outer is not None else None
+    if split is None:
+        return None
+    inner, c2 = split
+    add = _producer(inner, "Add")
+    if add is None or len(add.inputs) != 2:
+        return None
+    for x, m in (add.inputs, add.inputs[::-1]):
+        if x is None or m is None:
+            continue
+        scaled = _producer(m, "Mul")
+        split = _split_const(scaled) if scaled is not None else None
+        if split is not None and _is_cube_of(split[0], x):
+            return _Cdf("tanh", x, s, f, u, 0.0, m, c2, (s, f, u, inner, m, split[0]))
+    return None
+
+
+def _is_cube_of(p: ir.Value, x: ir.Value) -> bool:
+    """Whether ``p`` is ``Pow(x, 3)`` or ``Mul(Mul(x, x), x)`` (either order)."""
+    node = p.producer()
+    if node is None or node.domain != "":
+        return False
+    if node.op_type == "Pow":
+        return node.inputs[0] is x and _scalar(node.inputs[1], x) == 3.0
+    if node.op_type != "Mul":
+        return False
+    a, b = node.inputs
+    for square, other in ((a, b), (b, a)):
+        sq = _producer(square, "Mul")
+        if other is x and sq is not None and sq.inputs[0] is x and sq.inputs[1] is x:
+            return True
+    return False
+
+
+def _cdf_of(s: ir.Value) -> _Cdf | None:
+    f = _one_plus(s)
+    if f is None:
+        return None
+    return _erf_cdf(s, f) or _tanh_cdf(s, f)
+
+
+def _match(node: ir.Node) -> tuple[_Cdf, float, tuple[ir.Value, ...]] | None:
+    """``(cdf, k, products)`` when ``node`` computes ``k * x * s``; ``products`` are the inner Muls."""
+    split = _split_const(node)
+    if split is not None:
+        # k * (x * s) or (x * s) * k
+        inner, k = split
+        xs = _producer(inner, "Mul")
+        if xs is None:
+            return None
+        for x, s in (xs.inputs, xs.inputs[::-1]):
+            cdf = _cdf_of(s) if s is not None else None
+            if cdf is not None and cdf.x is x:
+                return cdf, k, (inner,)
+        return None
+    a, b = node.inputs
+    for h, s in ((a, b), (b, a)):
+        cdf = _cdf_of(s) if s is not None else None
+        if cdf is None:
+            continue
+        if h is cdf.x:
+            if _scaled_by_consumer(node):
+                return None  # the enclosing k * (x * s) matches instead, in one piece
+            return cdf, 1.0, ()
+        half = _producer(h, "Mul")
+        split = _split_const(half) if half is not None else None
+        if split is not None and split[0] is cdf.x:
+            assert h is not None
+            return cdf, split[1], (h,)
+    return None
+
+
+def _scaled_by_consumer(node: ir.Node) -> bool:
+    y = node.outputs[0]
+    if y.is_graph_output() or len(y.uses()) != 1:
+        return False
+    consumer = next(iter(y.uses())).node
+    return (
+        consumer.op_type == "Mul" and consumer.domain == "" and _split_const(consumer) is not None
+    )
+
+
+def _slope(em: Emitter, cdf: _Cdf, k: float) -> tuple[ir.Value, float] | None:
+    """``(slope, factor)``: the derivative of ``k x s`` is ``factor * slope``."""
+    x, s = cdf.x, cdf.s
+    if cdf.kind == "erf":
+        # d(k x s)/dx = k (s + x erf'(u) du) = k (s + x exp(ln K - u^2)), K = du 2/sqrt(pi).
+        # The factor k stays a scalar product of the cotangent, which onnxruntime folds into the
+        # MatMul that computes it (MatMulScaleFusion) instead of a full-size k * s.
+        big_k = cdf.du * 2.0 / math.sqrt(math.pi)
+        if big_k <= 0.0:
+            return None
+        u2 = em.op("Mul", [cdf.u, cdf.u])
+        bell = em.op("Exp", [em.op("Sub", [em.scalar(math.log(big_k), x), u2])])
+        return em.op("Add", [s, em.op("Mul", [x, bell])]), k
+    # d(k x s)/dx = k s + k x (1 - t^2) c2 (1 + 3 c1 x^2) = k s (1 + c2 (x + 3 m) (1 - t)),
+    # with 1 - t^2 = (1 - t) s and c1 x^3 = m; k costs no pass of its own here.
+    assert cdf.cube is not None
+    near = em.op("Add", [x, em.op("Mul", [cdf.cube, em.scalar(3.0, x)])])
+    z = em.op("Mul", [near, em.op("Sub", [em.scalar(1.0, x), cdf.f])])
+    scaled = em.op("Add", [em.op("Mul", [z, em.scalar(cdf.c2 * k, x)]), em.scalar(k, x)])
+    return em.op("Mul", [scaled, s]), 1.0
+
+
+def gelu_tangent(em: Emitter, node: ir.Node) -> ir.Value | None:
+    """The tangent of a primitive GELU ending at ``node`` (a ``Mul``) from that of its ``x``.
+
+    None when ``node`` does not end such a chain, or a value inside it has no tangent (a
+    stop_gradient) or a constant has one (differentiated w.r.t. the constant), or the element
+    type is not a float one: the caller then uses the ``Mul`` rule.
+    """
+    tangent: dict[ir.Value, ir.Value] | None = getattr(em, "tangent", None)
+    y = node.outputs[0]
+    if tangent is None or len(node.inputs) != 2 or y.dtype not in FLOAT_TYPES:
+        return None
+    found = _match(node)
+    if found is None:
+        return None
+    cdf, k, products = found
+    t_x = tangent.get(cdf.x)
+    if t_x is None or any(tangent.get(v) is None for v in (*cdf.values, *products)):
+        return None
+    if any(
+        i is not None and constant_of(i) is not None and tangent.get(i) is not None
+        for n in _nodes(cdf, node, products)
+        for i in n.inputs
+    ):
+        return None
+    found_slope = _slope(em, cdf, k)
+    if found_slope is None:
+        return None
+    slope, factor = found_slope
+    # The factor outermost: reverse mode applies it first, to the incoming cotangent.
+    t_y = em.op("Mul", [t_x, slope])
+    return t_y if factor == 1.0 else em.op("Mul", [t_y, em.scalar(factor, cdf.x)])
+
+
+def _nodes(cdf: _Cdf, node: ir.Node, products: tuple[ir.Value, ...]) -> list[ir.Node]:
+    values = (*cdf.values, *products)
+    return [node, *(p for p in (v.producer() for v in values) if p is not None)]

@@ -1,0 +1,184 @@
+"""GELU written out in primitives (onnax.rules._gelu, through the Mul rule).
+
+The exporters' forms (torch's exact erf GELU, GPT-2's tanh approximation with Pow, onnxruntime's
+FastGelu lowering with a Mul cube) are differentiated as one slope: checked against central
+differences, the adjoint identity and vmap, in float and double, and in float16 against the
+double derivative; structurally, the backward is one product and the chain's own derivatives
+(Erf's bell, Tanh's 1 - t^2) are gone. Where the chain cannot be read as one function (a
+constant is differentiated, an intermediate is also an output) the node rules still apply.
+"""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import onnx_ir as ir
+import pytest
+
+import onnax
+from cases import Case, case_id, parametrize, run_case
+from onnax.core.static import constant_of
+from oracles import run
+
+HEAD = "g ({T}[N, 4] X) => ({T}[N, 4] Y) {\n"
+C = {
+    "half": " h = Constant<value = {T} {0.5}>()\n",
+    "one": " one = Constant<value = {T} {1.0}>()\n",
+    "sqrt2": " r = Constant<value = {T} {1.4142135}>()\n",
+}
+
+ERF_TORCH = Case(
+    "erf_torch",
+    HEAD + C["half"] + C["one"] + C["sqrt2"] + " u = Div(X, r)\n e = Erf(u)\n s = Add(e, one)\n"
+    " p = Mul(X, s)\n Y = Mul(p, h) }",
+    dtypes=("float",),  # onnxruntime has no double (nor float16) Erf kernel
+)
+ERF_HALF_FIRST = Case(
+    "erf_half_first",
+    HEAD + C["half"] + C["one"] + " m = Constant<value = {T} {0.70710678}>()\n"
+    " u = Mul(m, X)\n e = Erf(u)\n s = Add(one, e)\n hx = Mul(X, h)\n Y = Mul(hx, s) }",
+    dtypes=("float",),
+)
+ERF_NO_HALF = Case(
+    "erf_no_half",
+    HEAD + C["one"] + C["sqrt2"] + " u = Div(X, r)\n e = Erf(u)\n s = Add(e, one)\n"
+    " Y = Mul(s, X) }",
+    dtypes=("float",),
+)
+TANH_GPT2 = Case(
+    "tanh_gpt2",
+    HEAD + C["half"] + C["one"] + " three = Constant<value = {T} {3.0}>()\n"
+    " a = Constant<value = {T} {0.044715}>()\n c = Constant<value = {T} {0.7978846}>()\n"
+    " hx = Mul(X, h)\n p = Pow(X, three)\n m = Mul(p, a)\n i = Add(X, m)\n w = Mul(i, c)\n"
+    " t = Tanh(w)\n s = Add(t, one)\n Y = Mul(hx, s) }",
+)
+TANH_FAST_GELU = Case(
+    "tanh_fast_gelu",
+    HEAD + C["half"] + C["one"] + " a = Constant<value = {T} {0.044715}>()\n"
+    " c = Constant<value = {T} {0.7978846}>()\n"
+    " x2 = Mul(X, X)\n p = Mul(x2, X)\n m = Mul(p, a)\n i = Add(X, m)\n w = Mul(i, c)\n"
+    " t = Tanh(w)\n s = Add(one, t)\n hx = Mul(X, h)\n Y = Mul(hx, s) }",
+)
+CASES = [ERF_TORCH, ERF_HALF_FIRST, ERF_NO_HALF, TANH_GPT2, TANH_FAST_GELU]
+
+
+@pytest.mark.parametrize(("case", "dtype", "opset"), parametrize(CASES), ids=case_id)
+def test_rule(case: Case, dtype: str, opset: int) -> None:
+    run_case(case, dtype, opset)
+
+
+@pytest.mark.parametrize("case", [ERF_TORCH, TANH_GPT2], ids=case_id)
+def test_vmap_of_vjp(case: Case) -> None:
+    """vmap of the vjp model against a loop of single runs (the slope's nodes batch)."""
+    dtype = case.dtypes[-1]
+    np_dtype = np.float32 if dtype == "float" else np.float64
+    vm = onnax.vjp(case.model(dtype, 18))
+    ct_name = vm.graph.inputs[1].name
+    batched = onnax.vmap(vm, in_axes={"X": 0, ct_name: 0})
+    rng = np.random.default_rng(3)
+    xs = rng.standard_normal((2, 3, 4)).astype(np_dtype)
+    cts = rng.standard_normal((2, 3, 4)).astype(np_dtype)
+    out = run(batched, {"X": xs, ct_name: cts})[batched.graph.outputs[1].name]
+    for i in range(2):
+        one = run(vm, {"X": xs[i], ct_name: cts[i]})[vm.graph.outputs[1].name]
+        np.testing.assert_allclose(out[i], one, rtol=1e-6, atol=1e-6)
+
+
+def _ops(model: ir.Model) -> list[str]:
+    return [n.op_type for n in model.graph]
+
+
+@pytest.mark.parametrize(
+    ("case", "derivative_ops"),
+    # erf: u*u, Sub, Exp, x*bell, Add (the slope), t*slope, k*(t*slope). tanh: 3m, Add, 1-t, Mul,
+    # Mul, Add (the slope's factor), Mul by s, t*slope.
+    [(ERF_TORCH, 7), (ERF_HALF_FIRST, 7), (ERF_NO_HALF, 6), (TANH_GPT2, 8), (TANH_FAST_GELU, 8)],
+    ids=case_id,
+)
+def test_backward_is_one_product_of_a_slope(case: Case, derivative_ops: int) -> None:
+    model = case.model("float", 18)
+    primal = [op for op in _ops(model) if op != "Constant"]
+    for transform in (onnax.vjp, onnax.jvp):
+        ops = [op for op in _ops(transform(model)) if op != "Constant"]
+        assert ops.count("Erf") == primal.count("Erf"), ops
+        assert ops.count("Tanh") == primal.count("Tanh"), ops
+        assert ops.count("Pow") == primal.count("Pow"), ops
+        assert len(ops) - len(primal) == derivative_ops, (transform, ops)
+
+
+def _half(model: ir.Model) -> ir.Model:
+    """The float model in float16 (the text parser takes no float16 constants)."""
+    for node in model.graph:
+        if node.op_type == "Constant":
+            value = node.attributes["value"].as_tensor().numpy().astype(np.float16)
+            node.attributes["value"] = ir.AttrTensor("value", ir.tensor(value))
+        for v in node.outputs:
+            v.dtype = ir.DataType.FLOAT16
+    for v in model.graph.inputs:
+        v.dtype = ir.DataType.FLOAT16
+    return model
+
+
+@pytest.mark.parametrize("case", [TANH_GPT2, TANH_FAST_GELU], ids=case_id)
+def test_float16_agrees_with_double(case: Case) -> None:
+    x = np.random.default_rng(1).standard_normal((3, 4)) * 2
+    ct = np.random.default_rng(2).standard_normal((3, 4))
+    got = {}
+    for dtype, np_dtype in (("float16", np.float16), ("double", np.float64)):
+        vm = onnax.vjp(
+            _half(case.model("float", 18)) if dtype == "float16" else case.model(dtype, 18)
+        )
+        feeds = {"X": x.astype(np_dtype), vm.graph.inputs[1].name: ct.astype(np_dtype)}
+        got[dtype] = run(vm, feeds)[vm.graph.outputs[1].name].astype(np.float64)
+    np.testing.assert_allclose(got["float16"], got["double"], rtol=1e-2, atol=1e-2)
+
+
+@pytest.mark.parametrize(("case", "k"), [(ERF_TORCH, 0.5), (ERF_NO_HALF, 1.0)], ids=case_id)
+def test_erf_slope_against_numpy(case: Case, k: float) -> None:
+    """The exact GELU's slope k (1 + erf(x/sqrt 2) + x sqrt(2/pi) exp(-x^2/2)), far out too."""
+    x = np.concatenate([np.linspace(-9.0, 9.0, 9), [0.0, 1e-3, -1e-3]]).reshape(3, 4)
+    erf = np.vectorize(math.erf)(x / math.sqrt(2.0))
+    slope = k * (1 + erf + x * math.sqrt(2 / math.pi) * np.exp(-(x**2) / 2))
+    vm = onnax.vjp(case.model("float", 18))
+    feeds = {"X": x.astype(np.float32), vm.graph.inputs[1].name: np.ones((3, 4), np.float32)}
+    got = run(vm, feeds)[vm.graph.outputs[1].name]
+    np.testing.assert_allclose(got, slope, rtol=1e-5, atol=1e-6)
+
+
+def test_scale_fed_at_run_time_is_differentiated() -> None:
+    """With the 0.5 a graph input K, the chain ends at x * s (matched) and K gets its own
+    derivative through the Mul rule."""
+    text = (
+        "g ({T}[N, 4] X, {T} K) => ({T}[N, 4] Y) {\n" + C["one"] + C["sqrt2"] + " u = Div(X, r)\n"
+        " e = Erf(u)\n s = Add(e, one)\n p = Mul(X, s)\n Y = Mul(p, K) }"
+    )
+    run_case(Case("k", text), "float", 18)
+
+
+def test_intermediate_output_still_gets_its_derivative() -> None:
+    """``1 + erf`` is also an output: its cotangent flows through the node rules, Y's through
+    the slope, and the sum is the derivative."""
+    text = ERF_TORCH.text.replace("=> ({T}[N, 4] Y)", "=> ({T}[N, 4] Y, {T}[N, 4] s)")
+    run_case(Case("shared", text), "float", 18)
+
+
+def test_stop_gradient_inside_the_chain_is_kept() -> None:
+    """With ``1 + erf`` held constant the derivative is 0.5 (1 + erf(x/sqrt 2)) alone."""
+    x = np.linspace(-3.0, 3.0, 12).reshape(3, 4)
+    vm = onnax.vjp(ERF_TORCH.model("float", 18), stop_gradient=["s"])
+    feeds = {"X": x.astype(np.float32), vm.graph.inputs[1].name: np.ones((3, 4), np.float32)}
+    got = run(vm, feeds)[vm.graph.outputs[1].name]
+    expected = 0.5 * (1 + np.vectorize(math.erf)(x / math.sqrt(2.0)))
+    np.testing.assert_allclose(got, expected, rtol=1e-5, atol=1e-6)
+
+
+def test_erf_scale_meets_the_cotangent_first() -> None:
+    """Reverse mode scales the incoming cotangent by the 0.5 (which onnxruntime folds into the
+    MatMul producing it) instead of spending a full-size pass on 0.5 * (1 + erf)."""
+    vm = onnax.vjp(ERF_TORCH.model("float", 18))
+    seed = vm.graph.inputs[1]
+    (use,) = [u.node for u in seed.uses()]
+    other = next(i for i in use.inputs if i is not seed)
+    assert use.op_type == "Mul" and other is not None
+    assert float(np.asarray(constant_of(other))) == 0.5
