@@ -70,6 +70,39 @@ CASES = [
         "N, 2, 4, 4, 3",
         "group=2, pads=[1, 0, 1, 0, 1, 0]",
     ),
+    # Depthwise, more than 16 kernel elements: the banded GEMM.
+    _conv(
+        "dw_banded_7x7",
+        "N, 3, 9, 8",
+        "3, 1, 7, 7",
+        "N, 3, 9, 8",
+        "group=3, pads=[3, 3, 3, 3]",
+        bias="3",
+        opsets=(11, 18),
+    ),
+    _conv(
+        "dw_banded_strided_dilated",
+        "N, 2, 13, 12",
+        "2, 1, 5, 4",
+        "N, 2, 6, 3",
+        "group=2, strides=[2, 3], dilations=[1, 2], pads=[2, 1, 1, 2]",
+    ),
+    # Cropped (the tail no window reads) and uneven pads.
+    _conv(
+        "dw_banded_cropped",
+        "N, 2, 11, 10",
+        "2, 1, 5, 5",
+        "N, 2, 3, 2",
+        "group=2, strides=[3, 3], pads=[2, 0, 0, 0]",
+    ),
+    _conv("dw_banded_1d", "N, 3, 30", "3, 1, 17", "N, 3, 8", "group=3, strides=[2], pads=[1, 0]"),
+    _conv(
+        "dw_banded_3d",
+        "N, 2, 4, 5, 6",
+        "2, 1, 3, 3, 3",
+        "N, 2, 4, 5, 6",
+        "group=2, pads=[1, 1, 1, 1, 1, 1]",
+    ),
     # Depth multiplier 2: grouped, not depthwise.
     _conv("dw_multiplier", "N, 2, 6, 6", "4, 1, 3, 3", "N, 4, 6, 6", "group=2, pads=[1, 1, 1, 1]"),
     # Run-time spatial sizes: the im2col.
@@ -149,7 +182,7 @@ CASES = [
 BATCH_ONE = [
     Case(c.name + "_n1", c.text, c.opsets, dims={**c.dims, "N": 1}, dtypes=c.dtypes)
     for c in CASES
-    if c.name in ("pw_stride1", "dw_dilated", "im2col_3x3")
+    if c.name in ("pw_stride1", "dw_dilated", "im2col_3x3", "dw_banded_7x7")
 ]
 
 
@@ -178,6 +211,11 @@ def _weight_gradient_ops(case: Case) -> Counter[str]:
         ("dw_3d", "shifts"),
         ("convT_dw", "shifts"),
         ("dw_symbolic_spatial", "im2col"),
+        ("dw_banded_7x7", "banded"),
+        ("dw_banded_strided_dilated", "banded"),
+        ("dw_banded_cropped", "banded"),
+        ("dw_banded_1d", "banded"),
+        ("dw_banded_3d", "banded"),
         ("dw_multiplier", "classic"),  # 36 output positions
         ("im2col_3x3", "im2col"),
         ("im2col_grouped_strided_dilated", "im2col"),
@@ -192,7 +230,9 @@ def test_form_chosen(name: str, form: str) -> None:
     w = case.model("float", case.opsets[-1]).graph.inputs[1]
     taps = int(np.prod(w.shape.numpy()[2:]))
     assert ops["Conv"] == (form in ("im2col", "classic")), ops
-    assert ops["MatMul"] == (form in ("matmul", "im2col")), ops
+    assert bool(ops["MatMul"]) == (form in ("matmul", "im2col", "banded")), ops
+    # The banded GEMM: one MatMul per leading kernel offset, the band read by one Gather.
+    assert ops["Gather"] == (form == "banded"), ops
     # The shifts form: one Mul and one ReduceSum per kernel element, no MatMul or Conv.
     shifts = ops["ReduceSum"] == taps == ops["Mul"] and not ops["MatMul"]
     assert shifts == (form == "shifts"), ops

@@ -51,6 +51,7 @@ import numpy as np
 import onnx_ir as ir
 
 from onnax.core.emit import Emitter
+from onnax.rules._conv_grad_depthwise import banded, banded_wins
 from onnax.rules._windows import (
     Param,
     Window,
@@ -103,6 +104,8 @@ def weight_gradient(
         return _pointwise(em, inp, grad, weight, win, group, rank)
     if form == "depthwise":
         return _depthwise_shifts(em, inp, grad, win, kernel, rank)
+    if form == "banded":
+        return banded(em, inp, grad, win, kernel, rank)
     if form == "im2col":
         return _im2col(em, inp, inp_like, grad, weight, win, kernel, group, rank)
     return _classic(em, inp, inp_like, grad, win, group, rank)
@@ -111,7 +114,7 @@ def weight_gradient(
 def choose_form(win: Window, weight: ir.Value, inp_like: ir.Value, group: int, rank: int) -> str:
     """The form of the weight gradient (module doc).
 
-    One of ``pointwise``, ``depthwise``, ``im2col`` or ``classic``. The benchmark patches it to
+    One of ``pointwise``, ``depthwise``, ``banded``, ``im2col`` or ``classic``. The benchmark patches it to
     time the classic form in the same process.
     """
     kernel = [k for k in win.kernel if isinstance(k, int)]
@@ -120,9 +123,12 @@ def choose_form(win: Window, weight: ir.Value, inp_like: ir.Value, group: int, r
     begin = [b for b in win.begin if isinstance(b, int)]
     if all(k == 1 for k in kernel) and begin == [0] * (rank - 2):
         return "pointwise"
-    small = int(np.prod(kernel)) <= _DEPTHWISE_MAX_TAPS
-    if small and _is_depthwise(weight, inp_like, group) and _static_pads(win):
-        return "depthwise"
+    if _is_depthwise(weight, inp_like, group) and _static_pads(win):
+        if int(np.prod(kernel)) <= _DEPTHWISE_MAX_TAPS:
+            return "depthwise"
+        out = [o for o in win.size_out if isinstance(o, int)]
+        if banded_wins(kernel, out):
+            return "banded"
     out = [o for o in win.size_out if isinstance(o, int)]
     if len(out) < rank - 2 or int(np.prod(out)) >= _IM2COL_MIN_POSITIONS:
         return "im2col"
