@@ -84,18 +84,33 @@ CASES = [
         "dw_banded_strided_dilated",
         "N, 2, 13, 12",
         "2, 1, 5, 4",
-        "N, 2, 6, 3",
-        "group=2, strides=[2, 3], dilations=[1, 2], pads=[2, 1, 1, 2]",
+        "N, 2, 6, 9",
+        "group=2, strides=[2, 1], dilations=[1, 2], pads=[2, 1, 1, 2]",
     ),
-    # Cropped (the tail no window reads) and uneven pads.
+    # Rows cropped (the tail no window reads), uneven pads.
     _conv(
         "dw_banded_cropped",
+        "N, 2, 11, 10",
+        "2, 1, 5, 5",
+        "N, 2, 3, 7",
+        "group=2, strides=[3, 1], pads=[2, 1, 0, 0]",
+    ),
+    # Strided along the last axis, or too few rows (a static batch of 1): the classic Conv.
+    _conv(
+        "dw_large_strided",
         "N, 2, 11, 10",
         "2, 1, 5, 5",
         "N, 2, 3, 2",
         "group=2, strides=[3, 3], pads=[2, 0, 0, 0]",
     ),
-    _conv("dw_banded_1d", "N, 3, 30", "3, 1, 17", "N, 3, 8", "group=3, strides=[2], pads=[1, 0]"),
+    _conv(
+        "dw_large_few_rows",
+        "1, 3, 9, 8",
+        "3, 1, 7, 7",
+        "1, 3, 9, 8",
+        "group=3, pads=[3, 3, 3, 3]",
+    ),
+    _conv("dw_banded_1d", "N, 3, 30", "3, 1, 17", "N, 3, 15", "group=3, pads=[1, 0]"),
     _conv(
         "dw_banded_3d",
         "N, 2, 4, 5, 6",
@@ -216,6 +231,8 @@ def _weight_gradient_ops(case: Case) -> Counter[str]:
         ("dw_banded_cropped", "banded"),
         ("dw_banded_1d", "banded"),
         ("dw_banded_3d", "banded"),
+        ("dw_large_strided", "classic"),
+        ("dw_large_few_rows", "classic"),
         ("dw_multiplier", "classic"),  # 36 output positions
         ("im2col_3x3", "im2col"),
         ("im2col_grouped_strided_dilated", "im2col"),
@@ -238,11 +255,15 @@ def test_form_chosen(name: str, form: str) -> None:
     assert shifts == (form == "shifts"), ops
 
 
-@pytest.fixture(params=["im2col", "classic"])
+@pytest.fixture(params=["im2col", "classic", "banded"])
 def forced(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> Iterator[str]:
-    """Every k x k gradient through one form: im2col (from one output position on), or the
-    classic Conv (no im2col, no depthwise shifts)."""
-    if request.param == "im2col":
+    """Every k x k gradient through one form: im2col (from one output position on), the
+    classic Conv (no im2col, no depthwise shifts), or every depthwise one with static pads
+    through the banded GEMM (any stride, any batch)."""
+    if request.param == "banded":
+        monkeypatch.setattr(_conv_grad, "_DEPTHWISE_MAX_TAPS", 0)
+        monkeypatch.setattr(_conv_grad, "banded_fits", lambda *args: True)
+    elif request.param == "im2col":
         monkeypatch.setattr(_conv_grad, "_IM2COL_MIN_POSITIONS", 0)
     else:
         monkeypatch.setattr(_conv_grad, "_IM2COL_MIN_POSITIONS", 10**9)

@@ -51,7 +51,7 @@ import numpy as np
 import onnx_ir as ir
 
 from onnax.core.emit import Emitter
-from onnax.rules._conv_grad_depthwise import banded, banded_wins
+from onnax.rules._conv_grad_depthwise import banded, banded_fits
 from onnax.rules._windows import (
     Param,
     Window,
@@ -126,9 +126,8 @@ def choose_form(win: Window, weight: ir.Value, inp_like: ir.Value, group: int, r
     if _is_depthwise(weight, inp_like, group) and _static_pads(win):
         if int(np.prod(kernel)) <= _DEPTHWISE_MAX_TAPS:
             return "depthwise"
-        out = [o for o in win.size_out if isinstance(o, int)]
-        if banded_wins(kernel, out):
-            return "banded"
+        # Larger kernels: the im2col measured slowest of all (bench_depthwise_grad.py).
+        return "banded" if banded_fits(win, inp_like) else "classic"
     out = [o for o in win.size_out if isinstance(o, int)]
     if len(out) < rank - 2 or int(np.prod(out)) >= _IM2COL_MIN_POSITIONS:
         return "im2col"

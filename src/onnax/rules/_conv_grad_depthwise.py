@@ -29,15 +29,23 @@ import onnx_ir as ir
 from onnax.core.emit import Emitter
 from onnax.rules._windows import Window
 
-__all__ = ["banded", "banded_wins"]
+__all__ = ["banded", "banded_fits"]
 
-_BANDED_MIN_TAPS = 17
-"""Below this many kernel elements the per-offset Mul + ReduceSum wins (module doc)."""
+_BANDED_MIN_ROWS = 24
+"""Fewer rows ``N * prod(O')`` make the per-channel GEMMs too thin: the classic Conv wins."""
 
 
-def banded_wins(kernel: list[int], out: list[int]) -> bool:
-    """Whether the banded GEMM is the fastest depthwise form for this kernel (module doc)."""
-    return len(kernel) >= 1 and int(np.prod(kernel)) >= _BANDED_MIN_TAPS
+def banded_fits(win: Window, inp_like: ir.Value) -> bool:
+    """Whether the banded GEMM beats the classic Conv for a depthwise Conv (module doc).
+
+    A run-time batch counts as large: training batches are.
+    """
+    if win.strides[-1] != 1:
+        return False  # the band's waste grows with the stride: the classic Conv wins
+    dims = inp_like.shape.dims if inp_like.shape is not None else []
+    batch = dims[0] if dims and isinstance(dims[0], int) else _BANDED_MIN_ROWS
+    lead = [o for o in win.size_out[:-1] if isinstance(o, int)]
+    return batch * int(np.prod(lead)) >= _BANDED_MIN_ROWS
 
 
 def banded(
