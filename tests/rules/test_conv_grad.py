@@ -284,7 +284,13 @@ def test_forced_form(case: Case, forced: str) -> None:
 
 
 @pytest.mark.parametrize(
-    "name", ["pw_groups_strided_tail", "dw_strided_cropped", "im2col_grouped_strided_dilated"]
+    "name",
+    [
+        "pw_groups_strided_tail",
+        "dw_strided_cropped",
+        "im2col_grouped_strided_dilated",
+        "dw_banded_strided_dilated",
+    ],
 )
 def test_second_order_and_per_example(name: str) -> None:
     """The new forms close under the transforms: their vjp differentiated in both modes, and
@@ -298,7 +304,9 @@ def test_second_order_and_per_example(name: str) -> None:
     check_vmap(vm, feeds, in_axes=[0, None, 0])
 
 
-@pytest.mark.parametrize("name", ["pw_groups_strided_tail", "dw_dilated", "im2col_3x3"])
+@pytest.mark.parametrize(
+    "name", ["pw_groups_strided_tail", "dw_dilated", "im2col_3x3", "dw_banded_cropped"]
+)
 @pytest.mark.parametrize("dtype", ["float16", "double"])
 def test_half_and_double(name: str, dtype: str) -> None:
     """The weight gradient of the float16 and double models (onnx's reference evaluator:

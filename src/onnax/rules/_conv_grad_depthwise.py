@@ -78,9 +78,13 @@ def banded(
     *lead_d, dw = win.dilations
     wp = (wo - 1) * sw + (kw - 1) * dw + 1  # the padded width the windows cover (tight pads)
     x = em.transpose(inp, [1, 0, *range(2, rank)])  # [C, N, D]
-    if any(begin) or any(end):
-        # Negative end pads (trailing input no window reads) crop.
-        x = em.op("Pad", [x, em.ints([0, 0, *begin, 0, 0, *end])])
+    grow = [max(e, 0) for e in end]
+    if any(begin) or any(grow):
+        x = em.op("Pad", [x, em.ints([0, 0, *begin, 0, 0, *grow])])
+    if end[-1] < 0:
+        # Trailing input no window reads: a Slice, not a negative Pad (which onnx's reference
+        # evaluator refuses); along the leading axes the row slices below stop short anyway.
+        x = em.slice(x, [0], [wp], [rank - 1])
     g = em.transpose(grad, [1, rank - 1, 0, *range(2, rank - 1)])  # [C, Wo, N, O']
     left = em.op("Reshape", [g, em.ints([0, 0, -1])])  # [C, Wo, N*O']
     axes = list(range(2, rank - 1))
