@@ -23,6 +23,11 @@ where single figures scatter by 2x; ratios are the classic form's time over the 
   slice with ``g``; nothing of size ``K * x`` is ever materialised. 1.8-2.8x at batch 8 from
   14x14 up, 1.5-19x at batch 1, 1.0x at 7x7. The im2col below followed by per-channel
   matrix-vector products measured 0.9-1.6x, and 0.7-2.5x as the per-group MatMul.
+* **Banded** (depthwise, larger kernels, static pads, last stride 1, at least 24 rows ``N *
+  O'``): :mod:`onnax.rules._conv_grad_depthwise`, one broadcasting MatMul over the batch and
+  the rows per channel, the kernel band read by a Gather. convnext's 7x7 at batch 8: 1.2-2.1x,
+  where the im2col measured 0.24-0.62x (``tests/benchmarks/bench_depthwise_grad.py``); other
+  large depthwise kernels take the classic Conv, never the im2col.
 * **im2col** (other static kernels where the output has at least 128 positions per example,
   or run-time spatial sizes): a Conv with a one-hot kernel ``[K, 1, k]`` over every channel on
   its own (``[N*C, 1, D] -> [N*C, K, O]``: the node's own strides, dilations and pads; for 2-D

@@ -2,21 +2,32 @@
 
 For a depthwise correlation (``group == C == M``) the weight gradient is, per channel ``c``,
 ``dW[c, q] = sum_{n, o} g[n, c, o] * x_pad[n, c, o * s + q * d]``. With the last spatial axis
-written apart (``o = (o', w)``, ``q = (q', j)``) every leading offset ``q'`` gives one matrix
-product per channel over the batch and the leading output positions,
+written apart (``o = (o', w)``, ``q = (q', j)``), every leading kernel offset ``q'`` gives one
+matrix product per channel over the batch and the leading output positions,
 
-``B[c, w, q', v] = sum_{n, o'} g[n, c, o', w] * x_pad[n, c, o' * s' + q' * d', v]``,
+``B[c, q', w, v] = sum_{n, o'} g[n, c, o', w] * x_pad[n, c, o' * s' + q' * d', v]``,
 
-``[C, Wo, N * O'] @ [C, N * O', T * Wp]`` for all ``T = prod(k')`` leading offsets at once (the
-``T`` row-shifted slices of the padded input concatenated along its last axis), and the weight
-gradient is the band ``dW[c, q', j] = sum_w B[c, w, q', w * s + j * d]``: one ``Gather`` of a
-constant index ``[T, Wo, kw]`` and a ``ReduceSum`` over ``w``. The product does ``Wp / kw``
-times the useful work (about 9x for convnext's 7x7 kernels on 56x56 maps), but at the speed of
-a GEMM, where the one-hot im2col of :mod:`onnax.rules._conv_grad` does ``K`` times the work
-(49x) in a Conv, and the per-offset ``Mul`` + ``ReduceSum`` costs ``3 K`` nodes.
+all ``T = prod(k')`` of them one broadcasting ``MatMul`` ``[C, 1, Wo, N * O'] @ [C, T, N * O',
+Wp]`` (the ``T`` row slices of the padded input concatenated), and the weight gradient is the
+band ``dW[c, q', j] = sum_w B[c, q', w, w * s + j * d]``: one ``Gather`` of a constant index
+``[T, Wo, kw]`` and a ``ReduceSum`` over ``w``. The product does ``Wp / kw`` times the useful
+work (about 9x for convnext's 7x7 kernels on 56x56 maps), but at the speed of a GEMM; the
+one-hot im2col of :mod:`onnax.rules._conv_grad` does ``K = prod(k)`` times the work (49x) in a
+Conv, the per-offset ``Mul`` + ``ReduceSum`` costs ``3 K`` nodes, and the classic Conv runs a
+matrix-vector product per channel.
 
-Measured by ``tests/benchmarks/bench_depthwise_grad.py`` (see :func:`banded_wins` for the
-region where it is chosen).
+Measured by ``tests/benchmarks/bench_depthwise_grad.py`` (onnxruntime 1.32, one thread, on a
+shared two-core machine where single figures scatter by 2x; ratios are the classic Conv's time
+over the form's). convnext-tiny's 7x7 (pads 3) at batch 8, maps 56/28/14/7 with 96...768
+channels: banded 1.2-2.1x, the current im2col 0.24-0.62x, the per-offset shifts 0.5-0.9x, the
+im2col with the matrix-vector product the other way round (``[N*C, K, P] @ [N*C, P, 1]``, no
+Transpose) 0.3-0.6x. One MatMul per offset (no Concat) measured 1.0-1.3x faster than the one
+broadcasting MatMul but costs ``2 T`` more nodes; a one-hot Conv extracting the row shifts and a
+``transA`` product measured slower (0.5-1.4x). 5x5 at batch 8: 1.15-1.9x. At batch 1 (rows
+``N * O'`` of 7 to 56) the GEMMs are thin: 0.2-1.1x, the classic Conv is kept below 24 rows
+(:func:`banded_fits`). Strided along the last axis (5x5 stride 2: 0.9x) the band wastes ``s``
+times more: the classic Conv. Kernels of at most 16 elements keep the per-offset shifts
+(1.2-3.8x, the banded 1.0-2.5x at 3x3).
 """
 
 from __future__ import annotations
@@ -77,31 +88,22 @@ def banded(
     *lead_s, sw = win.strides
     *lead_d, dw = win.dilations
     wp = (wo - 1) * sw + (kw - 1) * dw + 1  # the padded width the windows cover (tight pads)
-    x = em.transpose(inp, [1, 0, *range(2, rank)])  # [C, N, D]
-    grow = [max(e, 0) for e in end]
-    if any(begin) or any(grow):
-        x = em.op("Pad", [x, em.ints([0, 0, *begin, 0, 0, *grow])])
-    if end[-1] < 0:
-        # Trailing input no window reads: a Slice, not a negative Pad (which onnx's reference
-        # evaluator refuses); along the leading axes the row slices below stop short anyway.
-        x = em.slice(x, [0], [wp], [rank - 1])
+    x = _pad_or_crop(em, em.transpose(inp, [1, 0, *range(2, rank)]), begin, end)
     g = em.transpose(grad, [1, rank - 1, 0, *range(2, rank - 1)])  # [C, Wo, N, O']
-    left = em.op("Reshape", [g, em.ints([0, 0, -1])])  # [C, Wo, N*O']
+    left = em.op("Reshape", [g, em.ints([0, 1, wo, -1])])  # [C, 1, Wo, N*O']
     axes = list(range(2, rank - 1))
-    products: list[ir.Value] = []
+    rows: list[ir.Value] = []
     for q in itertools.product(*(range(k) for k in lead_k)):
         starts = [qi * d for qi, d in zip(q, lead_d, strict=True)]
         stops = [a + (o - 1) * s + 1 for a, o, s in zip(starts, lead_o, lead_s, strict=True)]
         # The input rows offset q' reads, [C, N, O', Wp]; a 1-D Conv has one, x itself.
-        rows = em.slice(x, starts, stops, axes, lead_s) if axes else x
-        right = em.op("Reshape", [rows, em.ints([0, -1, wp])])  # [C, N*O', Wp]
-        # One product per offset: concatenating the T slices first (one batched MatMul)
-        # copied T times the input once more, and measured slower.
-        products.append(em.op("MatMul", [left, right]))  # [C, Wo, Wp]
-    taps = len(products)
-    stacked = em.op("Concat", products, {"axis": 1}) if taps > 1 else products[0]
-    flat = em.op("Reshape", [stacked, em.ints([0, -1])])  # [C, T*Wo*Wp]
-    # B[c, t, w, w*s + j*d] sits at t*Wo*Wp + w*Wp + w*s + j*d of the flattened products.
+        rows.append(em.slice(x, starts, stops, axes, lead_s) if axes else x)
+    taps = len(rows)
+    stacked = em.op("Concat", rows, {"axis": 1}) if taps > 1 else rows[0]  # [C, T*N, O', Wp]
+    right = em.op("Reshape", [stacked, em.ints([0, taps, -1, wp])])  # [C, T, N*O', Wp]
+    product = em.op("MatMul", [left, right])  # [C, T, Wo, Wp]
+    flat = em.op("Reshape", [product, em.ints([0, -1])])  # [C, T*Wo*Wp]
+    # B[c, t, w, w*s + j*d] sits at t*Wo*Wp + w*Wp + w*s + j*d of the flattened product.
     t_ = np.arange(taps).reshape(taps, 1, 1)
     w_ = np.arange(wo).reshape(1, wo, 1)
     j_ = np.arange(kw).reshape(1, 1, kw)
@@ -109,3 +111,18 @@ def banded(
     band = em.op("Gather", [flat, em.const(index)], {"axis": 1})  # [C, T, Wo, kw]
     summed = em.reduce_sum(band, [2], keepdims=False)  # [C, T, kw]
     return em.op("Reshape", [summed, em.ints([-1, 1, *kernel])])
+
+
+def _pad_or_crop(em: Emitter, x: ir.Value, begin: list[int], end: list[int]) -> ir.Value:
+    """``x [C, N, D]`` zero-padded by ``begin``/``end``.
+
+    A negative end of the last axis (input no window reads) is cropped by a Slice, not a
+    negative Pad, which onnx's reference evaluator refuses; the row slices stop short of the
+    leading axes' unread rows anyway.
+    """
+    grow = [max(e, 0) for e in end]
+    if any(begin) or any(grow):
+        x = em.op("Pad", [x, em.ints([0, 0, *begin, 0, 0, *grow])])
+    if end[-1] < 0:
+        x = em.slice(x, [0], [end[-1]], [len(end) + 1])
+    return x
