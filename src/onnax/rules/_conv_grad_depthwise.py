@@ -88,33 +88,45 @@ def banded(
     *lead_s, sw = win.strides
     *lead_d, dw = win.dilations
     wp = (wo - 1) * sw + (kw - 1) * dw + 1  # the padded width the windows cover (tight pads)
-    x = _pad_or_crop(em, em.transpose(inp, [1, 0, *range(2, rank)]), begin, end)
-    g = em.transpose(grad, [1, rank - 1, 0, *range(2, rank - 1)])  # [C, Wo, N, O']
-    left = em.op("Reshape", [g, em.ints([0, 1, wo, -1])])  # [C, 1, Wo, N*O']
-    axes = list(range(2, rank - 1))
-    rows: list[ir.Value] = []
-    for q in itertools.product(*(range(k) for k in lead_k)):
-        starts = [qi * d for qi, d in zip(q, lead_d, strict=True)]
-        stops = [a + (o - 1) * s + 1 for a, o, s in zip(starts, lead_o, lead_s, strict=True)]
-        # The input rows offset q' reads, [C, N, O', Wp]; a 1-D Conv has one, x itself.
-        rows.append(em.slice(x, starts, stops, axes, lead_s) if axes else x)
-    taps = len(rows)
-    stacked = em.op("Concat", rows, {"axis": 1}) if taps > 1 else rows[0]  # [C, T*N, O', Wp]
-    right = em.op("Reshape", [stacked, em.ints([0, taps, -1, wp])])  # [C, T, N*O', Wp]
+    n = rank - 2
+    # x [N, C, D', W] padded, as [C, D', N, Wp]: the batch next to the width, so that every
+    # (row, example) is one contiguous run of the rows the Gather below picks.
+    x = _pad_or_crop(em, inp, begin, end)
+    x = em.transpose(x, [1, *range(2, rank - 1), 0, rank - 1])
+    g = em.transpose(grad, [1, rank - 1, *range(2, rank - 1), 0])  # [C, Wo, O', N]
+    left = em.op("Reshape", [g, em.ints([0, 1, wo, -1])])  # [C, 1, Wo, O'*N]
+    if n == 1:
+        taps = 1
+        right = em.unsqueeze(x, [1])  # [C, 1, N, Wp]
+    else:
+        # Row o' of offset q' is the padded row o' * s' + q' * d' (flattened leading axes).
+        # The padded leading sizes: the windows' span, and the unread rows not cropped.
+        lead_p = [
+            (o - 1) * s + (k - 1) * d + 1 + max(-e, 0)
+            for o, k, s, d, e in zip(lead_o, lead_k, lead_s, lead_d, end[:-1], strict=True)
+        ]
+        offsets = np.array(list(itertools.product(*(range(k) for k in lead_k))))  # [T, n-1]
+        positions = np.array(list(itertools.product(*(range(o) for o in lead_o))))  # [O', n-1]
+        rows = offsets[:, None, :] * np.array(lead_d) + positions[None] * np.array(lead_s)
+        index = np.ravel_multi_index(tuple(np.moveaxis(rows, -1, 0)), lead_p)  # [T, O']
+        taps = index.shape[0]
+        flat_x = x if n == 2 else em.op("Reshape", [x, em.ints([0, int(np.prod(lead_p)), -1, wp])])
+        picked = em.op("Gather", [flat_x, em.const(index.astype(np.int64))], {"axis": 1})
+        right = em.op("Reshape", [picked, em.ints([0, taps, -1, wp])])  # [C, T, O'*N, Wp]
     product = em.op("MatMul", [left, right])  # [C, T, Wo, Wp]
     flat = em.op("Reshape", [product, em.ints([0, -1])])  # [C, T*Wo*Wp]
     # B[c, t, w, w*s + j*d] sits at t*Wo*Wp + w*Wp + w*s + j*d of the flattened product.
     t_ = np.arange(taps).reshape(taps, 1, 1)
     w_ = np.arange(wo).reshape(1, wo, 1)
     j_ = np.arange(kw).reshape(1, 1, kw)
-    index = (t_ * wo * wp + w_ * (wp + sw) + j_ * dw).astype(np.int64)
-    band = em.op("Gather", [flat, em.const(index)], {"axis": 1})  # [C, T, Wo, kw]
+    band_index = (t_ * wo * wp + w_ * (wp + sw) + j_ * dw).astype(np.int64)
+    band = em.op("Gather", [flat, em.const(band_index)], {"axis": 1})  # [C, T, Wo, kw]
     summed = em.reduce_sum(band, [2], keepdims=False)  # [C, T, kw]
     return em.op("Reshape", [summed, em.ints([-1, 1, *kernel])])
 
 
 def _pad_or_crop(em: Emitter, x: ir.Value, begin: list[int], end: list[int]) -> ir.Value:
-    """``x [C, N, D]`` zero-padded by ``begin``/``end``.
+    """``x [N, C, D]`` zero-padded by ``begin``/``end``.
 
     A negative end of the last axis (input no window reads) is cropped by a Slice, not a
     negative Pad, which onnx's reference evaluator refuses; the row slices stop short of the
