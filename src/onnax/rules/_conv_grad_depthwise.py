@@ -7,10 +7,11 @@ matrix product per channel over the batch and the leading output positions,
 
 ``B[c, q', w, v] = sum_{n, o'} g[n, c, o', w] * x_pad[n, c, o' * s' + q' * d', v]``,
 
-all ``T = prod(k')`` of them one broadcasting ``MatMul`` ``[C, 1, Wo, N * O'] @ [C, T, N * O',
-Wp]`` (the ``T`` row slices of the padded input concatenated), and the weight gradient is the
-band ``dW[c, q', j] = sum_w B[c, q', w, w * s + j * d]``: one ``Gather`` of a constant index
-``[T, Wo, kw]`` and a ``ReduceSum`` over ``w``. The product does ``Wp / kw`` times the useful
+all ``T = prod(k')`` of them one broadcasting ``MatMul`` ``[C, 1, Wo, O' * N] @ [C, T, O' * N,
+Wp]`` (the rows each offset reads picked by one ``Gather`` from the padded input laid out
+``[C, D', N, Wp]``, where a row of every example is one contiguous run), and the weight
+gradient is the band ``dW[c, q', j] = sum_w B[c, q', w, w * s + j * d]``: one ``Gather`` of a
+constant index ``[1, k', Wo, kw]`` and a ``ReduceSum`` over ``w``. The product does ``Wp / kw`` times the useful
 work (about 9x for convnext's 7x7 kernels on 56x56 maps), but at the speed of a GEMM; the
 one-hot im2col of :mod:`onnax.rules._conv_grad` does ``K = prod(k)`` times the work (49x) in a
 Conv, the per-offset ``Mul`` + ``ReduceSum`` costs ``3 K`` nodes, and the classic Conv runs a
@@ -19,11 +20,12 @@ matrix-vector product per channel.
 Measured by ``tests/benchmarks/bench_depthwise_grad.py`` (onnxruntime 1.32, one thread, on a
 shared two-core machine where single figures scatter by 2x; ratios are the classic Conv's time
 over the form's). convnext-tiny's 7x7 (pads 3) at batch 8, maps 56/28/14/7 with 96...768
-channels: banded 1.2-2.1x, the current im2col 0.24-0.62x, the per-offset shifts 0.5-0.9x, the
+channels: banded 1.2-2.0x, the im2col (the form before) 0.24-0.64x, the per-offset shifts 0.5-0.9x, the
 im2col with the matrix-vector product the other way round (``[N*C, K, P] @ [N*C, P, 1]``, no
-Transpose) 0.3-0.6x. One MatMul per offset (no Concat) measured 1.0-1.3x faster than the one
-broadcasting MatMul but costs ``2 T`` more nodes; a one-hot Conv extracting the row shifts and a
-``transA`` product measured slower (0.5-1.4x). 5x5 at batch 8: 1.15-1.9x. At batch 1 (rows
+Transpose) 0.3-0.6x. Ten nodes in all: ``T`` row Slices + Concat measured alike with ``T + 9``
+more, one MatMul per offset up to 1.3x faster with ``3 T`` more; a one-hot Conv extracting the
+row shifts measured slower (0.5-1.4x), the cotangent transposed less and the MatMul with
+``transA`` alike (within 7 %). 5x5 at batch 8: 1.15-1.9x. At batch 1 (rows
 ``N * O'`` of 7 to 56) the GEMMs are thin: 0.2-1.1x, the classic Conv is kept below 24 rows
 (:func:`banded_fits`). Strided along the last axis (5x5 stride 2: 0.9x) the band wastes ``s``
 times more: the classic Conv. Kernels of at most 16 elements keep the per-offset shifts
@@ -115,14 +117,14 @@ def banded(
         right = em.op("Reshape", [picked, em.ints([0, taps, -1, wp])])  # [C, T, O'*N, Wp]
     product = em.op("MatMul", [left, right])  # [C, T, Wo, Wp]
     flat = em.op("Reshape", [product, em.ints([0, -1])])  # [C, T*Wo*Wp]
-    # B[c, t, w, w*s + j*d] sits at t*Wo*Wp + w*Wp + w*s + j*d of the flattened product.
+    # B[c, t, w, w*s + j*d] sits at t*Wo*Wp + w*Wp + w*s + j*d of the flattened product; the
+    # index shaped [1, k', Wo, kw] gives the weight's layout once w is summed.
     t_ = np.arange(taps).reshape(taps, 1, 1)
     w_ = np.arange(wo).reshape(1, wo, 1)
     j_ = np.arange(kw).reshape(1, 1, kw)
-    band_index = (t_ * wo * wp + w_ * (wp + sw) + j_ * dw).astype(np.int64)
-    band = em.op("Gather", [flat, em.const(band_index)], {"axis": 1})  # [C, T, Wo, kw]
-    summed = em.reduce_sum(band, [2], keepdims=False)  # [C, T, kw]
-    return em.op("Reshape", [summed, em.ints([-1, 1, *kernel])])
+    band_index = (t_ * wo * wp + w_ * (wp + sw) + j_ * dw).reshape(1, *lead_k, wo, kw)
+    band = em.op("Gather", [flat, em.const(band_index.astype(np.int64))], {"axis": 1})
+    return em.reduce_sum(band, [rank - 1], keepdims=False)  # [C, 1, k', kw]
 
 
 def _pad_or_crop(em: Emitter, x: ir.Value, begin: list[int], end: list[int]) -> ir.Value:
