@@ -52,21 +52,23 @@ CASES: dict[str, list[tuple[int, int, int, int]]] = {
 ONNAX_FORMS = ["classic", "im2col", "depthwise", "banded"]
 
 
-def conv_model(n: int, c: int, h: int, k: int, s: int) -> ir.Model:
-    """``y = Conv(x, W)`` depthwise, pads ``k // 2``, static shapes."""
-    p = k // 2
+def conv_model(n: int, c: int, h: int, k: int, s: int, m: int = 0, group: int = 0) -> ir.Model:
+    """``y = Conv(x, W)``, static shapes: depthwise with pads ``k // 2`` (``group`` 0), else
+    ``m`` output channels in ``group`` groups without pads."""
+    p = k // 2 if group == 0 else 0
+    m, group = (c, c) if group == 0 else (m, group)
     ho = (h + 2 * p - k) // s + 1
     node = helper.make_node(
-        "Conv", ["x", "W"], ["y"], group=c, pads=[p] * 4, strides=[s, s], kernel_shape=[k, k]
+        "Conv", ["x", "W"], ["y"], group=group, pads=[p] * 4, strides=[s, s], kernel_shape=[k, k]
     )
     graph = helper.make_graph(
         [node],
-        "dw",
+        "conv",
         [
             helper.make_tensor_value_info("x", TensorProto.FLOAT, [n, c, h, h]),
-            helper.make_tensor_value_info("W", TensorProto.FLOAT, [c, 1, k, k]),
+            helper.make_tensor_value_info("W", TensorProto.FLOAT, [m, c // group, k, k]),
         ],
-        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [n, c, ho, ho])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [n, m, ho, ho])],
     )
     return ir.from_proto(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 18)]))
 
@@ -138,15 +140,70 @@ def bench(cases: Sequence[tuple[int, int, int, int]], batches: Sequence[int], ro
             )
 
 
+PATCH_CASES = [
+    # (input channels, output channels, size, kernel = stride): convnext-tiny's stem and
+    # downsamples, ViT-S/16's patch embedding.
+    (3, 96, 224, 4),
+    (96, 192, 56, 2),
+    (192, 384, 28, 2),
+    (384, 768, 14, 2),
+    (3, 384, 224, 8),
+    (3, 384, 224, 16),
+]
+
+
+def bench_patches(batches: Sequence[int], rounds: int) -> None:
+    """Non-overlapping Convs (stride == kernel): the weight gradient in each onnax form."""
+    import onnax
+
+    rng = np.random.default_rng(0)
+    for c, m, h, k in PATCH_CASES:
+        ho = h // k
+        for n in batches:
+            model = conv_model(n, c, h, k, k, m, 1)
+            feeds = {
+                "x": rng.standard_normal((n, c, h, h)).astype(np.float32),
+                "W": rng.standard_normal((m, c, k, k)).astype(np.float32),
+            }
+            feeds[onnax.vjp(model, ["W"]).graph.inputs[-1].name] = rng.standard_normal(
+                (n, m, ho, ho)
+            ).astype(np.float32)
+            runs: dict[str, Callable[[], object]] = {}
+            nodes: dict[str, int] = {}
+            ref = None
+            for form in ["classic", "im2col"]:
+                wg = onnax_weight_gradient(model, form)
+                nodes[form] = len(list(wg.graph))
+                sess = _session(ir.to_proto(wg))
+                names = {i.name for i in sess.get_inputs()}
+                fd = {key: v for key, v in feeds.items() if key in names}
+                out = sess.run(None, fd)[0]
+                ref = out if ref is None else ref
+                err = float(np.abs(out - ref).max() / (np.abs(ref).max() + 1e-30))
+                assert err < 1e-4, (form, err)
+                runs[form] = lambda sess=sess, fd=fd: sess.run(None, fd)
+            med = _interleaved(runs, rounds)
+            base = med["classic"]
+            cells = "  ".join(f"{f}={1e3 * t:7.2f} ({base / t:5.2f}x)" for f, t in med.items())
+            counts = " ".join(f"{f}:{c_}" for f, c_ in nodes.items())
+            print(
+                f"{k}x{k}/s{k} N={n} {h:3d}x{h:<3d} C={c:4d} M={m:4d}  {cells}  [nodes {counts}]",
+                flush=True,
+            )
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--batches", default="8,1")
     parser.add_argument("--rounds", type=int, default=5)
-    parser.add_argument("--cases", default="convnext,mobilenet")
+    parser.add_argument("--cases", default="convnext,mobilenet,patches")
     args = parser.parse_args(argv)
     batches = [int(b) for b in args.batches.split(",")]
-    cases = [case for name in args.cases.split(",") for case in CASES[name]]
+    names = args.cases.split(",")
+    cases = [case for name in names if name != "patches" for case in CASES[name]]
     bench(cases, batches, args.rounds)
+    if "patches" in names:
+        bench_patches(batches, args.rounds)
     return 0
 
 

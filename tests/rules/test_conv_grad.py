@@ -118,6 +118,18 @@ CASES = [
         "N, 2, 4, 5, 6",
         "group=2, pads=[1, 1, 1, 1, 1, 1]",
     ),
+    # Windows that tile the input (stride == kernel): the im2col up to 16 kernel elements,
+    # the classic Conv beyond (ViT's patch embedding).
+    _conv("patch_small", "N, 2, 24, 25", "3, 2, 2, 2", "N, 3, 12, 12", "strides=[2, 2]"),
+    _conv(
+        "patch_large",
+        "N, 1, 60, 62",
+        "2, 1, 5, 5",
+        "N, 2, 12, 12",
+        "strides=[5, 5]",
+        inputs=["W"],
+        dims={"N": 2},
+    ),
     # Depth multiplier 2: grouped, not depthwise.
     _conv("dw_multiplier", "N, 2, 6, 6", "4, 1, 3, 3", "N, 4, 6, 6", "group=2, pads=[1, 1, 1, 1]"),
     # Run-time spatial sizes: the im2col.
@@ -232,6 +244,8 @@ def _weight_gradient_ops(case: Case) -> Counter[str]:
         ("dw_banded_1d", "banded"),
         ("dw_banded_3d", "banded"),
         ("dw_large_strided", "classic"),
+        ("patch_small", "im2col"),
+        ("patch_large", "classic"),
         ("dw_large_few_rows", "classic"),
         ("dw_multiplier", "classic"),  # 36 output positions
         ("im2col_3x3", "im2col"),
@@ -263,9 +277,12 @@ def forced(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> I
     if request.param == "banded":
         monkeypatch.setattr(_conv_grad, "_DEPTHWISE_MAX_TAPS", 0)
         monkeypatch.setattr(_conv_grad, "banded_fits", lambda *args: True)
-    elif request.param == "im2col":
-        monkeypatch.setattr(_conv_grad, "_IM2COL_MIN_POSITIONS", 0)
     else:
+        monkeypatch.setattr(_conv_grad, "patches_fit", lambda *args: False)
+        monkeypatch.setattr(_conv_grad, "banded_fits", lambda *args: False)
+    if request.param == "im2col":
+        monkeypatch.setattr(_conv_grad, "_IM2COL_MIN_POSITIONS", 0)
+    elif request.param == "classic":
         monkeypatch.setattr(_conv_grad, "_IM2COL_MIN_POSITIONS", 10**9)
         monkeypatch.setattr(_conv_grad, "_DEPTHWISE_MAX_TAPS", 0)
     yield request.param

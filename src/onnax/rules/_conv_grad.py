@@ -39,6 +39,12 @@ where single figures scatter by 2x; ratios are the classic form's time over the 
   56x56 and 28x28; grouped 1.2-2.1x. K strided Slices instead of the one-hot Conv measured
   about the same for stride 1 and slower strided, with K times the nodes. It costs K times
   the input's memory.
+* **Windows that tile the input** (stride == kernel, no pads, one group: patch embeddings) with
+  more than 16 kernel elements take the classic Conv: ViT's 16x16 patches 1.6x (batch 8) and
+  3.7x (batch 1) faster than the im2col, 8x8 1.1x and 3.8x; convnext's 4x4 stem and 2x2
+  downsamples keep the im2col (1.6-3.4x the classic). A space-to-depth Reshape + Transpose and
+  one batched MatMul measured 1.1-1.8x slower than the im2col there
+  (``tests/benchmarks/bench_depthwise_grad.py``).
 * **Otherwise** (fewer output positions: 7x7 maps, where the GEMM's inner dimension ``N * O``
   is small and the im2col measured 0.7-1.0x; symbolic kernel sizes; a padded 1x1): the
   classic Conv with ``g`` as the kernel.
@@ -56,7 +62,7 @@ import numpy as np
 import onnx_ir as ir
 
 from onnax.core.emit import Emitter
-from onnax.rules._conv_grad_depthwise import banded, banded_fits
+from onnax.rules._conv_grad_depthwise import banded, banded_fits, patches_fit
 from onnax.rules._windows import (
     Param,
     Window,
@@ -73,6 +79,9 @@ __all__ = ["weight_gradient"]
 
 _IM2COL_MIN_POSITIONS = 128
 """Below this many output positions per example the im2col's GEMM is too thin (module doc)."""
+
+_PATCH_IM2COL_MAX_TAPS = 16
+"""Windows that tile the input with more elements than this: the classic Conv (module doc)."""
 
 _DEPTHWISE_MAX_TAPS = 16
 """The depthwise form emits three nodes per kernel element: small kernels only."""
@@ -128,6 +137,8 @@ def choose_form(win: Window, weight: ir.Value, inp_like: ir.Value, group: int, r
     begin = [b for b in win.begin if isinstance(b, int)]
     if all(k == 1 for k in kernel) and begin == [0] * (rank - 2):
         return "pointwise"
+    if patches_fit(win, weight, group) and int(np.prod(kernel)) > _PATCH_IM2COL_MAX_TAPS:
+        return "classic"
     if _is_depthwise(weight, inp_like, group) and _static_pads(win):
         if int(np.prod(kernel)) <= _DEPTHWISE_MAX_TAPS:
             return "depthwise"

@@ -1,4 +1,4 @@
-"""Depthwise Conv weight gradients for large kernels: the banded GEMM.
+"""Depthwise Conv weight gradients for large kernels (the banded GEMM), and patch windows.
 
 For a depthwise correlation (``group == C == M``) the weight gradient is, per channel ``c``,
 ``dW[c, q] = sum_{n, o} g[n, c, o] * x_pad[n, c, o * s + q * d]``. With the last spatial axis
@@ -20,16 +20,22 @@ matrix-vector product per channel.
 Measured by ``tests/benchmarks/bench_depthwise_grad.py`` (onnxruntime 1.32, one thread, on a
 shared two-core machine where single figures scatter by 2x; ratios are the classic Conv's time
 over the form's). convnext-tiny's 7x7 (pads 3) at batch 8, maps 56/28/14/7 with 96...768
-channels: banded 1.2-2.0x, the im2col (the form before) 0.24-0.64x, the per-offset shifts 0.5-0.9x, the
-im2col with the matrix-vector product the other way round (``[N*C, K, P] @ [N*C, P, 1]``, no
-Transpose) 0.3-0.6x. Ten nodes in all: ``T`` row Slices + Concat measured alike with ``T + 9``
-more, one MatMul per offset up to 1.3x faster with ``3 T`` more; a one-hot Conv extracting the
-row shifts measured slower (0.5-1.4x), the cotangent transposed less and the MatMul with
-``transA`` alike (within 7 %). 5x5 at batch 8: 1.15-1.9x. At batch 1 (rows
-``N * O'`` of 7 to 56) the GEMMs are thin: 0.2-1.1x, the classic Conv is kept below 24 rows
-(:func:`banded_fits`). Strided along the last axis (5x5 stride 2: 0.9x) the band wastes ``s``
-times more: the classic Conv. Kernels of at most 16 elements keep the per-offset shifts
-(1.2-3.8x, the banded 1.0-2.5x at 3x3).
+channels: banded 1.2-2.4x, the im2col (the form before) 0.24-0.64x, the per-offset shifts
+0.5-0.9x, the im2col with the matrix-vector product the other way round (``[N*C, K, P] @
+[N*C, P, 1]``, no Transpose) 0.3-0.6x. 5x5 at batch 8: 1.6-1.7x. Ten nodes in all: ``T`` row
+Slices + Concat instead of the Gather measured alike with ``T + 9`` nodes more, one MatMul per
+offset up to 1.3x faster with ``3 T`` more; a one-hot Conv extracting the row shifts measured
+slower (0.5-1.4x), the cotangent transposed less and the MatMul with ``transA`` alike (within
+7 %).
+
+:func:`banded_fits` keeps the classic Conv where the GEMMs get thin or wasteful: a static batch
+of 1 (7x7: 0.5-0.9x; the per-offset shifts 0.8-1.2x, at ``3 K`` nodes), fewer than 24 rows
+``N * O'``, and strides along the last axis (the band wastes ``s`` times more; 5x5 stride 2:
+0.9-1.2x). Kernels of at most 16 elements keep the per-offset shifts (3x3 at batch 8: 1.2-2.4x,
+the banded 1.1-1.6x).
+
+:func:`patches_fit` recognises windows that tile the input (module doc of
+:mod:`onnax.rules._conv_grad`).
 """
 
 from __future__ import annotations
@@ -42,7 +48,7 @@ import onnx_ir as ir
 from onnax.core.emit import Emitter
 from onnax.rules._windows import Window
 
-__all__ = ["banded", "banded_fits"]
+__all__ = ["banded", "banded_fits", "patches_fit"]
 
 _BANDED_MIN_ROWS = 24
 """Fewer rows ``N * prod(O')`` make the per-channel GEMMs too thin: the classic Conv wins."""
@@ -57,6 +63,8 @@ def banded_fits(win: Window, inp_like: ir.Value) -> bool:
         return False  # the band's waste grows with the stride: the classic Conv wins
     dims = inp_like.shape.dims if inp_like.shape is not None else []
     batch = dims[0] if dims and isinstance(dims[0], int) else _BANDED_MIN_ROWS
+    if batch == 1:
+        return False  # one example: the classic Conv measured 1.2-2x faster
     lead = [o for o in win.size_out[:-1] if isinstance(o, int)]
     return batch * int(np.prod(lead)) >= _BANDED_MIN_ROWS
 
@@ -140,3 +148,23 @@ def _pad_or_crop(em: Emitter, x: ir.Value, begin: list[int], end: list[int]) -> 
     if end[-1] < 0:
         x = em.slice(x, [0], [end[-1]], [len(end) + 1])
     return x
+
+
+def patches_fit(win: Window, weight: ir.Value, group: int) -> bool:
+    """Whether the windows tile the input.
+
+    Stride == kernel, no begin pad, dilation 1 (or a unit kernel), one group, static sizes:
+    convnext's stem and downsamples, ViT's patch embedding.
+    """
+    kernel, out = win.kernel, win.size_out
+    if group != 1 or not all(isinstance(k, int) for k in [*kernel, *out, *win.begin, *win.end]):
+        return False
+    dims = weight.shape.dims if weight.shape is not None else []
+    if len(dims) < 2 or not isinstance(dims[1], int):
+        return False
+    return all(
+        k == s and b == 0 and isinstance(e, int) and e <= 0 and (d == 1 or k == 1)
+        for k, s, d, b, e in zip(
+            kernel, win.strides, win.dilations, win.begin, win.end, strict=True
+        )
+    )
