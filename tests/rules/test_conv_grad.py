@@ -278,7 +278,7 @@ def forced(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> I
         monkeypatch.setattr(_conv_grad, "_DEPTHWISE_MAX_TAPS", 0)
         monkeypatch.setattr(_conv_grad, "banded_fits", lambda *args: True)
     else:
-        monkeypatch.setattr(_conv_grad, "patches_fit", lambda *args: False)
+        monkeypatch.setattr(_conv_grad, "tiles_input", lambda *args: False)
         monkeypatch.setattr(_conv_grad, "banded_fits", lambda *args: False)
     if request.param == "im2col":
         monkeypatch.setattr(_conv_grad, "_IM2COL_MIN_POSITIONS", 0)

@@ -23,11 +23,12 @@ where single figures scatter by 2x; ratios are the classic form's time over the 
   slice with ``g``; nothing of size ``K * x`` is ever materialised. 1.8-2.8x at batch 8 from
   14x14 up, 1.5-19x at batch 1, 1.0x at 7x7. The im2col below followed by per-channel
   matrix-vector products measured 0.9-1.6x, and 0.7-2.5x as the per-group MatMul.
-* **Banded** (depthwise, larger kernels, static pads, last stride 1, at least 24 rows ``N *
-  O'``): :mod:`onnax.rules._conv_grad_depthwise`, one broadcasting MatMul over the batch and
-  the rows per channel, the kernel band read by a Gather. convnext's 7x7 at batch 8: 1.2-2.1x,
-  where the im2col measured 0.24-0.62x (``tests/benchmarks/bench_depthwise_grad.py``); other
-  large depthwise kernels take the classic Conv, never the im2col.
+* **Banded** (depthwise, larger kernels, static pads, last stride 1, a batch not statically 1,
+  at least 24 rows ``N * O'``): :mod:`onnax.rules._conv_grad_depthwise`, one broadcasting
+  MatMul over the batch and the rows per channel, the kernel band read by a Gather. convnext's
+  7x7 at batch 8: 1.2-2.4x, where the im2col measured 0.24-0.64x
+  (``tests/benchmarks/bench_depthwise_grad.py``); other large depthwise kernels take the
+  classic Conv, never the im2col.
 * **im2col** (other static kernels where the output has at least 128 positions per example,
   or run-time spatial sizes): a Conv with a one-hot kernel ``[K, 1, k]`` over every channel on
   its own (``[N*C, 1, D] -> [N*C, K, O]``: the node's own strides, dilations and pads; for 2-D
@@ -62,7 +63,7 @@ import numpy as np
 import onnx_ir as ir
 
 from onnax.core.emit import Emitter
-from onnax.rules._conv_grad_depthwise import banded, banded_fits, patches_fit
+from onnax.rules._conv_grad_depthwise import banded, banded_fits, tiles_input
 from onnax.rules._windows import (
     Param,
     Window,
@@ -128,8 +129,8 @@ def weight_gradient(
 def choose_form(win: Window, weight: ir.Value, inp_like: ir.Value, group: int, rank: int) -> str:
     """The form of the weight gradient (module doc).
 
-    One of ``pointwise``, ``depthwise``, ``banded``, ``im2col`` or ``classic``. The benchmark patches it to
-    time the classic form in the same process.
+    One of ``pointwise``, ``depthwise``, ``banded``, ``im2col`` or ``classic``. The benchmark
+    patches it to time the classic form in the same process.
     """
     kernel = [k for k in win.kernel if isinstance(k, int)]
     if len(kernel) < rank - 2:
@@ -137,7 +138,7 @@ def choose_form(win: Window, weight: ir.Value, inp_like: ir.Value, group: int, r
     begin = [b for b in win.begin if isinstance(b, int)]
     if all(k == 1 for k in kernel) and begin == [0] * (rank - 2):
         return "pointwise"
-    if patches_fit(win, weight, group) and int(np.prod(kernel)) > _PATCH_IM2COL_MAX_TAPS:
+    if tiles_input(win, group) and int(np.prod(kernel)) > _PATCH_IM2COL_MAX_TAPS:
         return "classic"
     if _is_depthwise(weight, inp_like, group) and _static_pads(win):
         if int(np.prod(kernel)) <= _DEPTHWISE_MAX_TAPS:
