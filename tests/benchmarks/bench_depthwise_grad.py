@@ -1,9 +1,9 @@
-"""Depthwise Conv weight gradients: which form onnxruntime's CPU kernels run fastest.
+"""Depthwise and patch Conv weight gradients: which form onnxruntime's CPU kernels run fastest.
 
 Usage::
 
     uv run python tests/benchmarks/bench_depthwise_grad.py [--batches 8,1] [--rounds 5]
-        [--cases convnext,mobilenet]
+        [--cases convnext,mobilenet,patches]
 
 Times ``dW[c, q] = sum_{n,o} g[n,c,o] x_pad[n,c,o*s+q*d]`` of a depthwise Conv (``x [N,C,H,H]``,
 cotangent ``g``) in each candidate form, side by side in one process (one onnxruntime thread,
@@ -18,8 +18,9 @@ interleaved rounds, medians; ratios are the classic form's time over the form's,
   summed over the batch (no Transpose), built as a plain graph (``bench_conv_grad.py``).
 
 Cases: convnext-tiny's 7x7 depthwise Convs (pads 3) at its four stages, and mobilenet-like 3x3
-and 5x5 ones, to place the thresholds of ``choose_form``. Each line also gives the node count
-of each onnax form.
+and 5x5 ones, to place the thresholds of ``choose_form``. ``patches``: Convs whose windows tile
+the input (convnext's 4x4 stem and 2x2 downsamples, 8x8 and ViT's 16x16 patch embeddings), the
+classic form against the im2col. Each line also gives the node count of each onnax form.
 """
 
 from __future__ import annotations
@@ -53,8 +54,11 @@ ONNAX_FORMS = ["classic", "im2col", "depthwise", "banded"]
 
 
 def conv_model(n: int, c: int, h: int, k: int, s: int, m: int = 0, group: int = 0) -> ir.Model:
-    """``y = Conv(x, W)``, static shapes: depthwise with pads ``k // 2`` (``group`` 0), else
-    ``m`` output channels in ``group`` groups without pads."""
+    """``y = Conv(x, W)`` with static shapes.
+
+    Depthwise with pads ``k // 2`` (``group`` 0), else ``m`` output channels in ``group``
+    groups without pads.
+    """
     p = k // 2 if group == 0 else 0
     m, group = (c, c) if group == 0 else (m, group)
     ho = (h + 2 * p - k) // s + 1
