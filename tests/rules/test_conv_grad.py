@@ -95,6 +95,21 @@ CASES = [
         "N, 2, 3, 7",
         "group=2, strides=[3, 1], pads=[2, 1, 0, 0]",
     ),
+    # A static batch of 2.
+    _conv(
+        "dw_banded_static_batch",
+        "2, 2, 14, 9",
+        "2, 1, 7, 5",
+        "2, 2, 14, 9",
+        "group=2, pads=[3, 2, 3, 2]",
+    ),
+    _conv(
+        "dw_banded_static_batch_3d",
+        "2, 2, 4, 9, 6",
+        "2, 1, 3, 3, 3",
+        "2, 2, 4, 4, 6",
+        "group=2, strides=[1, 2, 1], pads=[1, 1, 1, 1, 0, 1]",
+    ),
     # Strided along the last axis, or too few rows (a static batch of 1): the classic Conv.
     _conv(
         "dw_large_strided",
@@ -243,6 +258,8 @@ def _weight_gradient_ops(case: Case) -> Counter[str]:
         ("dw_banded_cropped", "banded"),
         ("dw_banded_1d", "banded"),
         ("dw_banded_3d", "banded"),
+        ("dw_banded_static_batch", "banded"),
+        ("dw_banded_static_batch_3d", "banded"),
         ("dw_large_strided", "classic"),
         ("patch_small", "im2col"),
         ("patch_large", "classic"),
