@@ -26,7 +26,9 @@ channels: banded 1.2-2.4x, the im2col (the form before) 0.24-0.64x, the per-offs
 Slices + Concat instead of the Gather measured alike with ``T + 9`` nodes more, one MatMul per
 offset up to 1.3x faster with ``3 T`` more; a one-hot Conv extracting the row shifts measured
 slower (0.5-1.4x), the cotangent transposed less and the MatMul with ``transA`` alike (within
-7 %).
+7 %). Batch and rows in the order ``(N, O')`` instead (both operands moved by block copies, or
+a 2-D transpose of convnext's channels-last cotangent; ``transA``) measured alike alone but
+10 % slower on convnext-tiny's whole gradient.
 
 :func:`banded_fits` keeps the classic Conv where the GEMMs get thin or wasteful: a static batch
 of 1 (7x7: 0.5-0.9x; the per-offset shifts 0.8-1.2x, at ``3 K`` nodes), fewer than 24 rows
