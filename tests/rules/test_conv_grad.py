@@ -71,6 +71,81 @@ CASES = [
         "N, 2, 4, 4, 3",
         "group=2, pads=[1, 0, 1, 0, 1, 0]",
     ),
+    # Depthwise, more than 16 kernel elements: the banded GEMM.
+    _conv(
+        "dw_banded_7x7",
+        "N, 3, 9, 8",
+        "3, 1, 7, 7",
+        "N, 3, 9, 8",
+        "group=3, pads=[3, 3, 3, 3]",
+        bias="3",
+        opsets=(11, 18),
+    ),
+    _conv(
+        "dw_banded_strided_dilated",
+        "N, 2, 13, 12",
+        "2, 1, 5, 4",
+        "N, 2, 6, 9",
+        "group=2, strides=[2, 1], dilations=[1, 2], pads=[2, 1, 1, 2]",
+    ),
+    # Rows cropped (the tail no window reads), uneven pads.
+    _conv(
+        "dw_banded_cropped",
+        "N, 2, 11, 10",
+        "2, 1, 5, 5",
+        "N, 2, 3, 7",
+        "group=2, strides=[3, 1], pads=[2, 1, 0, 0]",
+    ),
+    # A static batch of 2.
+    _conv(
+        "dw_banded_static_batch",
+        "2, 2, 14, 9",
+        "2, 1, 7, 5",
+        "2, 2, 14, 9",
+        "group=2, pads=[3, 2, 3, 2]",
+    ),
+    _conv(
+        "dw_banded_static_batch_3d",
+        "2, 2, 4, 9, 6",
+        "2, 1, 3, 3, 3",
+        "2, 2, 4, 4, 6",
+        "group=2, strides=[1, 2, 1], pads=[1, 1, 1, 1, 0, 1]",
+    ),
+    # Strided along the last axis, or too few rows (a static batch of 1): the classic Conv.
+    _conv(
+        "dw_large_strided",
+        "N, 2, 11, 10",
+        "2, 1, 5, 5",
+        "N, 2, 3, 2",
+        "group=2, strides=[3, 3], pads=[2, 0, 0, 0]",
+    ),
+    _conv(
+        "dw_large_few_rows",
+        "1, 3, 9, 8",
+        "3, 1, 7, 7",
+        "1, 3, 9, 8",
+        "group=3, pads=[3, 3, 3, 3]",
+    ),
+    _conv("dw_banded_1d", "N, 3, 30", "3, 1, 17", "N, 3, 15", "group=3, pads=[1, 0]"),
+    _conv(
+        "dw_banded_3d",
+        "N, 2, 4, 5, 6",
+        "2, 1, 3, 3, 3",
+        "N, 2, 4, 5, 6",
+        "group=2, pads=[1, 1, 1, 1, 1, 1]",
+    ),
+    # Windows that tile the input (stride == kernel): the im2col up to 16 kernel elements,
+    # the classic Conv beyond (ViT's patch embedding).
+    _conv("patch_small", "N, 2, 24, 25", "3, 2, 2, 2", "N, 3, 12, 12", "strides=[2, 2]"),
+    _conv(
+        "patch_large",
+        "N, 1, 60, 62",
+        "2, 1, 5, 5",
+        "N, 2, 12, 12",
+        "strides=[5, 5]",
+        inputs=["W"],
+        dims={"N": 2},
+    ),
     # Depth multiplier 2: grouped, not depthwise.
     _conv("dw_multiplier", "N, 2, 6, 6", "4, 1, 3, 3", "N, 4, 6, 6", "group=2, pads=[1, 1, 1, 1]"),
     # Run-time spatial sizes: the im2col.
@@ -155,7 +230,7 @@ CASES = [
 BATCH_ONE = [
     Case(c.name + "_n1", c.text, c.opsets, dims={**c.dims, "N": 1}, dtypes=c.dtypes)
     for c in CASES
-    if c.name in ("pw_stride1", "dw_dilated", "im2col_3x3")
+    if c.name in ("pw_stride1", "dw_dilated", "im2col_3x3", "dw_banded_7x7")
 ]
 
 
@@ -184,6 +259,17 @@ def _weight_gradient_ops(case: Case) -> Counter[str]:
         ("dw_3d", "shifts"),
         ("convT_dw", "shifts"),
         ("dw_symbolic_spatial", "channels"),
+        ("dw_banded_7x7", "banded"),
+        ("dw_banded_strided_dilated", "banded"),
+        ("dw_banded_cropped", "banded"),
+        ("dw_banded_1d", "banded"),
+        ("dw_banded_3d", "banded"),
+        ("dw_banded_static_batch", "banded"),
+        ("dw_banded_static_batch_3d", "banded"),
+        ("dw_large_strided", "classic"),
+        ("patch_small", "channels"),
+        ("patch_large", "classic"),
+        ("dw_large_few_rows", "classic"),
         ("dw_multiplier", "channels"),  # 36 output positions: still the GEMM over N * P
         ("im2col_3x3", "channels"),
         ("im2col_grouped_strided_dilated", "channels"),
@@ -202,10 +288,13 @@ def test_form_chosen(name: str, form: str) -> None:
     w = case.model("float", case.opsets[-1]).graph.inputs[1]
     taps = int(np.prod(w.shape.numpy()[2:]))
     assert ops["Conv"] == (form in ("im2col", "channels", "classic")), ops
-    assert ops["MatMul"] + ops["Gemm"] == (form in ("matmul", "im2col", "channels")), ops
+    products = ops["MatMul"] + ops["Gemm"]
+    assert bool(products) == (form in ("matmul", "im2col", "channels", "banded")), ops
     # The channels-major im2col sums over the batch inside its one GEMM; the per-example
     # forms sum their products after.
     assert (ops["ReduceSum"] == 0) == (form in ("channels", "classic")), ops
+    # The banded GEMM: the rows picked and the band read by Gathers.
+    assert bool(ops["Gather"]) == (form == "banded"), ops
     # The shifts form: one Mul and one ReduceSum per kernel element, no MatMul or Conv.
     shifts = ops["ReduceSum"] == taps == ops["Mul"] and not ops["MatMul"]
     assert shifts == (form == "shifts"), ops
@@ -230,11 +319,18 @@ def test_channels_major_operand_order(outputs: int, left: bool) -> None:
         assert product.attributes.get_int("transB") == 1
 
 
-@pytest.fixture(params=["im2col", "im2col_gemm", "classic"])
+@pytest.fixture(params=["im2col", "im2col_gemm", "classic", "banded"])
 def forced(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> Iterator[str]:
     """Every k x k gradient through one form: im2col (from one output position on; 2-D
     kernels with the columns on the left or, ``im2col_gemm``, as the Gemm's transposed right
-    operand), or the classic Conv (no im2col, no depthwise shifts)."""
+    operand), the classic Conv (no im2col, no depthwise shifts), or every depthwise one with
+    static pads through the banded GEMM (any stride, any batch)."""
+    if request.param == "banded":
+        monkeypatch.setattr(_conv_grad, "_DEPTHWISE_MAX_TAPS", 0)
+        monkeypatch.setattr(_conv_grad, "banded_fits", lambda *args: True)
+    else:
+        monkeypatch.setattr(_conv_grad, "tiles_input", lambda *args: False)
+        monkeypatch.setattr(_conv_grad, "banded_fits", lambda *args: False)
     if request.param.startswith("im2col"):
         monkeypatch.setattr(_conv_grad, "_IM2COL_MIN_POSITIONS", 0)
     if request.param == "im2col_gemm":
@@ -259,7 +355,13 @@ def test_forced_form(case: Case, forced: str) -> None:
 
 
 @pytest.mark.parametrize(
-    "name", ["pw_groups_strided_tail", "dw_strided_cropped", "im2col_grouped_strided_dilated"]
+    "name",
+    [
+        "pw_groups_strided_tail",
+        "dw_strided_cropped",
+        "im2col_grouped_strided_dilated",
+        "dw_banded_strided_dilated",
+    ],
 )
 def test_second_order_and_per_example(name: str) -> None:
     """The new forms close under the transforms: their vjp differentiated in both modes, and
@@ -290,7 +392,9 @@ def test_channels_major_second_order_and_per_example(
     check_vmap(vm, feeds, in_axes=[0, None, None, 0])
 
 
-@pytest.mark.parametrize("name", ["pw_groups_strided_tail", "dw_dilated", "im2col_3x3"])
+@pytest.mark.parametrize(
+    "name", ["pw_groups_strided_tail", "dw_dilated", "im2col_3x3", "dw_banded_cropped"]
+)
 @pytest.mark.parametrize("dtype", ["float16", "double"])
 def test_half_and_double(name: str, dtype: str) -> None:
     """The weight gradient of the float16 and double models (onnx's reference evaluator:

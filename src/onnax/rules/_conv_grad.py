@@ -23,6 +23,12 @@ where single figures scatter by 2x; ratios are the classic form's time over the 
   slice with ``g``; nothing of size ``K * x`` is ever materialised. 1.8-2.8x at batch 8 from
   14x14 up, 1.5-19x at batch 1, 1.0x at 7x7. The im2col below followed by per-channel
   matrix-vector products measured 0.9-1.6x, and 0.7-2.5x as the per-group MatMul.
+* **Banded** (depthwise, larger kernels, static pads, last stride 1, a batch not statically 1,
+  at least 24 rows ``N * O'``): :mod:`onnax.rules._conv_grad_depthwise`, one broadcasting
+  MatMul over the batch and the rows per channel, the kernel band read by a Gather. convnext's
+  7x7 at batch 8: 1.2-2.4x, where the im2col measured 0.24-0.64x
+  (``tests/benchmarks/bench_depthwise_grad.py``); other large depthwise kernels take the
+  classic Conv, never the im2col.
 * **im2col** (1-D and 3-D static kernels where the output has at least 128 positions per example,
   or run-time spatial sizes): a Conv with a one-hot kernel ``[K, 1, k]`` over every channel on
   its own (``[N*C, 1, D] -> [N*C, K, O]``: the node's own strides, dilations and pads; for 2-D
@@ -52,6 +58,12 @@ where single figures scatter by 2x; ratios are the classic form's time over the 
   the big columns are then read in place rather than packed: 56x56x64 stride 1 at batch 8
   37.8 -> 33.8 ms, at batch 1 4.9 -> 4.3; resnet's 7x7 stride-2 stem (3 -> 64) 75 -> 60 ms;
   with 128 channels a tie, from 256 on slower (7x7x512: 22 -> 33).
+* **Windows that tile the input** (stride == kernel, no pads, one group: patch embeddings) with
+  more than 16 kernel elements take the classic Conv: ViT's 16x16 patches 1.6x (batch 8) and
+  3.7x (batch 1) faster than the im2col, 8x8 1.1x and 3.8x; convnext's 4x4 stem and 2x2
+  downsamples keep the im2col (1.6-3.4x the classic). A space-to-depth Reshape + Transpose and
+  one batched MatMul measured 1.1-1.8x slower than the im2col there
+  (``tests/benchmarks/bench_depthwise_grad.py``).
 * **Otherwise** (1-D and 3-D kernels with fewer output positions, where the GEMM's inner
   dimension ``N * O`` is small and the per-example im2col measured 0.7-1.0x; symbolic kernel
   sizes; a padded 1x1 outside 2-D): the classic Conv with ``g`` as the kernel.
@@ -69,6 +81,7 @@ import numpy as np
 import onnx_ir as ir
 
 from onnax.core.emit import Emitter
+from onnax.rules._conv_grad_depthwise import banded, banded_fits, tiles_input
 from onnax.rules._windows import (
     Param,
     Window,
@@ -91,6 +104,9 @@ _IM2COL_2D_MIN_POSITIONS = 1
 
 _COLUMNS_LEFT_MAX_ROWS = 64
 """Up to this many output channels the channels-major im2col's columns are the left operand."""
+
+_PATCH_IM2COL_MAX_TAPS = 16
+"""Windows that tile the input with more elements than this: the classic Conv (module doc)."""
 
 _DEPTHWISE_MAX_TAPS = 16
 """The depthwise form emits three nodes per kernel element: small kernels only."""
@@ -127,6 +143,8 @@ def weight_gradient(
         return _pointwise(em, inp, grad, weight, win, group, rank)
     if form == "depthwise":
         return _depthwise_shifts(em, inp, grad, win, kernel, rank)
+    if form == "banded":
+        return banded(em, inp, grad, win, kernel, rank)
     if form == "im2col":
         return _im2col(em, inp, inp_like, grad, weight, win, kernel, group, rank)
     return _classic(em, inp, inp_like, grad, win, group, rank)
@@ -135,8 +153,8 @@ def weight_gradient(
 def choose_form(win: Window, weight: ir.Value, inp_like: ir.Value, group: int, rank: int) -> str:
     """The form of the weight gradient (module doc).
 
-    One of ``pointwise``, ``depthwise``, ``im2col`` or ``classic``. The benchmark patches it to
-    time the classic form in the same process.
+    One of ``pointwise``, ``depthwise``, ``banded``, ``im2col`` or ``classic``. The benchmark
+    patches it to time the classic form in the same process.
     """
     kernel = [k for k in win.kernel if isinstance(k, int)]
     if len(kernel) < rank - 2:
@@ -144,9 +162,13 @@ def choose_form(win: Window, weight: ir.Value, inp_like: ir.Value, group: int, r
     begin = [b for b in win.begin if isinstance(b, int)]
     if all(k == 1 for k in kernel) and begin == [0] * (rank - 2):
         return "pointwise"
-    small = int(np.prod(kernel)) <= _DEPTHWISE_MAX_TAPS
-    if small and _is_depthwise(weight, inp_like, group) and _static_pads(win):
-        return "depthwise"
+    if tiles_input(win, group) and int(np.prod(kernel)) > _PATCH_IM2COL_MAX_TAPS:
+        return "classic"
+    if _is_depthwise(weight, inp_like, group) and _static_pads(win):
+        if int(np.prod(kernel)) <= _DEPTHWISE_MAX_TAPS:
+            return "depthwise"
+        # Larger kernels: the im2col measured slowest of all (bench_depthwise_grad.py).
+        return "banded" if banded_fits(win, inp_like) else "classic"
     out = [o for o in win.size_out if isinstance(o, int)]
     least = _IM2COL_2D_MIN_POSITIONS if rank == 4 else _IM2COL_MIN_POSITIONS
     if len(out) < rank - 2 or int(np.prod(out)) >= least:
