@@ -61,6 +61,9 @@ import onnxruntime as ort
 
 import onnax
 
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from training_zoo import ZOO_MODELS, write_zoo
+
 HERE = Path(__file__).resolve().parent
 REAL = HERE.parent / "data" / "real"
 MODELS = ("resnet18", "gpt2", "bert", "vit_s16", "convnext_tiny")
@@ -360,6 +363,25 @@ def _export(
     subprocess.run(command, check=True)
 
 
+Case = tuple[str, ir.Model, np.ndarray, ir.Model | None, dict[str, float]]
+
+
+def _load(cache: Path, models: Sequence[str], batches: Sequence[str]) -> list[Case]:
+    """The exports in ``cache`` with their inputs, batch-1 twins and PyTorch timings (if any)."""
+    cases = []
+    for m in models:
+        single_path = cache / f"{m}.b1.onnx"
+        single = ir.load(single_path) if single_path.exists() else None
+        for b in batches:
+            stem = cache / f"{m}.b{b}"
+            timed = stem.with_name(stem.name + ".torch.json")
+            torch_times = json.loads(timed.read_text()) if timed.exists() else {}
+            x = np.load(stem.with_name(stem.name + ".npz"))["x"]
+            model = ir.load(stem.with_name(stem.name + ".onnx"))
+            cases.append((f"{m} batch {b}", model, x, single, torch_times))
+    return cases
+
+
 def _corpus() -> list[tuple[str, ir.Model, np.ndarray]]:
     """The real-model corpus's TorchScript exports with the loss ``sum(y * r)`` appended."""
     found = []
@@ -399,6 +421,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--cache", type=Path, default=Path("/tmp/onnax-bench-training"))
     parser.add_argument("--tiny", action="store_true", help="narrow networks: a quick check")
     parser.add_argument("--corpus", action="store_true", help="add tests/data/real")
+    parser.add_argument("--zoo", action="store_true", help="add " + ", ".join(ZOO_MODELS))
     parser.add_argument("--skip", default="", help="derivatives to skip, e.g. vmap_grad")
     parser.add_argument("--no-memory", action="store_true")
     parser.add_argument("--ortt-python", default=None, help="a Python with onnxruntime-training")
@@ -418,23 +441,12 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(f"no exports for {sorted(set(missing))} in {cache}: pass --torch-python (see --help)")
         models = [m for m in models if m not in missing]
     skip = set(args.skip.split(",")) - {""}
-    cases: list[tuple[str, ir.Model, np.ndarray, ir.Model | None, dict[str, float]]] = []
-    for m in models:
-        single_path = cache / f"{m}.b1.onnx"
-        for b in args.batches.split(","):
-            stem = cache / f"{m}.b{b}"
-            torch_times = json.loads(stem.with_name(stem.name + ".torch.json").read_text())
-            x = np.load(stem.with_name(stem.name + ".npz"))["x"]
-            single = ir.load(single_path) if single_path.exists() else None
-            cases.append(
-                (
-                    f"{m} batch {b}",
-                    ir.load(stem.with_name(stem.name + ".onnx")),
-                    x,
-                    single,
-                    torch_times,
-                )
-            )
+    batches = args.batches.split(",")
+    cases = _load(cache, models, batches)
+    if args.zoo:
+        zoo_dir = args.cache / "zoo"
+        write_zoo(zoo_dir, [int(b) for b in batches], args.torch_python, args.rounds)
+        cases.extend(_load(zoo_dir, ZOO_MODELS, batches))
     if args.corpus:
         cases.extend((name, model, x, None, {}) for name, model, x in _corpus())
     ortt_cases: dict[str, tuple[ir.Model, np.ndarray]] = {}

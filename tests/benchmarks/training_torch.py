@@ -18,6 +18,11 @@ input only, ``torch.func.vmap(grad)`` per-example parameter gradients (batch > 1
 activations autograd keeps for the backward of every parameter.
 
 ``--tiny`` shrinks every network (two layers, narrow) for a quick check of the pipeline.
+
+``--onnx2torch FILE...`` instead converts given ONNX files (one input ``x``, outputs ``y`` and
+``loss``, an ``.npz`` beside each with ``x``: training_zoo.py's light-zoo CNNs) with onnx2torch
+and writes the same timings next to each; a timing the converted module cannot run (say
+``torch.func.vmap`` through a converted operator) is left out and its error printed.
 """
 
 from __future__ import annotations
@@ -194,9 +199,13 @@ def timings(module: WithLoss, x: torch.Tensor, rounds: int) -> dict[str, float]:
         cases["hvp"] = hvp
     if x.shape[0] > 1:
         cases["per_example"] = per_example
+    for name, fn in list(cases.items()):  # warm-up; what cannot run is reported, not timed
+        try:
+            fn()
+        except Exception as error:  # any failure of a converted module
+            print(f"  {name}: {type(error).__name__}: {str(error).splitlines()[0]}")
+            del cases[name]
     samples: dict[str, list[float]] = {name: [] for name in cases}
-    for fn in cases.values():  # warm-up
-        fn()
     for _ in range(rounds):
         for name, fn in cases.items():
             samples[name].append(_median(fn)())
@@ -216,9 +225,25 @@ def export(module: WithLoss, x: torch.Tensor, path: Path) -> None:
     )
 
 
+def time_onnx(paths: list[Path], rounds: int) -> None:
+    """Times each ONNX file as a module converted by onnx2torch (see the module doc)."""
+    import onnx2torch
+
+    for path in paths:
+        stem = path.with_name(path.name.removesuffix(".onnx"))
+        torch.manual_seed(0)
+        module = onnx2torch.convert(str(path)).eval()
+        x = torch.from_numpy(np.load(stem.with_name(stem.name + ".npz"))["x"])
+        result = timings(module, x, rounds)  # type: ignore[arg-type]
+        result["saved_bytes"] = saved_bytes(module, x)  # type: ignore[arg-type]
+        stem.with_name(stem.name + ".torch.json").write_text(json.dumps(result, indent=1))
+        print(f"{stem.name} (onnx2torch): torch {result}", flush=True)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=(__doc__ or "").splitlines()[0])
-    parser.add_argument("--out", type=Path, required=True)
+    parser.add_argument("--out", type=Path)
+    parser.add_argument("--onnx2torch", nargs="+", type=Path, default=None)
     parser.add_argument("--models", default=",".join(MODELS))
     parser.add_argument("--batches", default="1,8")
     parser.add_argument("--tiny", action="store_true")
@@ -226,6 +251,11 @@ def main() -> None:
     parser.add_argument("--no-time", action="store_true")
     args = parser.parse_args()
     torch.set_num_threads(1)
+    if args.onnx2torch:
+        time_onnx(args.onnx2torch, args.rounds)
+        return
+    if args.out is None:
+        parser.error("--out is required without --onnx2torch")
     args.out.mkdir(parents=True, exist_ok=True)
     for name in args.models.split(","):
         build, kind = MODELS[name]
