@@ -24,6 +24,10 @@ Per model and batch it prints, all at one onnxruntime thread, medians over inter
   product) and ``vmap_grad`` (per-example gradients of every weight: vmap of the batch-1 model's
   grad over the batch);
 * node counts of the primal and of each derivative;
+* the floor of ``grad_all``: Conv, Gemm and MatMul take a share ``s`` of the primal's kernel
+  time (onnxruntime's profiler), and the weight and the input gradients each run products of
+  the same FLOPs once more, so no gradient model of the network runs in less than ``1 + 2 s``
+  times the primal with these kernels;
 * the peak activation memory of the onnxruntime session for the primal and for ``grad_all``
   (the growth of the resident set during its runs, measured in a fresh process each);
 * head to head against PyTorch eager on the same weights, where ``--torch-python`` is given:
@@ -62,6 +66,7 @@ import onnxruntime as ort
 import onnax
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
+from bench_zoo import product_share
 from training_zoo import ZOO_MODELS, write_zoo
 
 HERE = Path(__file__).resolve().parent
@@ -327,6 +332,14 @@ def report(name: str, bench: Bench, times: dict[str, float], memory: dict[str, i
             f"  {key:<10} {1e3 * times[key]:>9.1f} {times[key] / primal:>8.2f} {n:>7} "
             f"{n / nodes:>8.2f} {vs}"
         )
+    share = product_share(
+        ir.serde.serialize_model(bench.models["primal"]).SerializeToString(),
+        {"x": bench.feeds["primal"]["x"]},
+    )
+    print(
+        f"  floor: Conv/Gemm/MatMul are {100 * share:.0f} % of the primal's kernel time, so a"
+        f" gradient w.r.t. weights and input costs at least {1 + 2 * share:.2f}x the primal"
+    )
     if "grad_all" in memory:
         ratio = memory["grad_all"] / max(memory["primal"], 1)
         print(

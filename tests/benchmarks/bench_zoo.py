@@ -90,7 +90,7 @@ def _time_pair(primal, primal_feeds, derived, feeds, repeats: int) -> tuple[floa
 _PRODUCT_KERNELS = frozenset({"Conv", "FusedConv", "Gemm", "FusedGemm", "MatMul", "FusedMatMul"})
 
 
-def product_share(path: str, feeds: dict[str, np.ndarray], runs: int = 5) -> float:
+def product_share(path: str | bytes, feeds: dict[str, np.ndarray], runs: int = 5) -> float:
     """The share of the primal's kernel time spent in Conv, Gemm and MatMul (onnxruntime's
     profiler).
 
