@@ -393,14 +393,16 @@ def test_second_order_and_per_example(name: str) -> None:
     check_vmap(vm, feeds, in_axes=[0, None, 0])
 
 
+@pytest.mark.parametrize("name", ["im2col_3x3", "im2col_3x3_static1"])
 @pytest.mark.parametrize("left", [64, 0])
 def test_channels_major_second_order_and_per_example(
-    left: int, monkeypatch: pytest.MonkeyPatch
+    left: int, name: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """Both operand orders of the ungrouped channels-major im2col's Gemm (the columns on the
-    left, or transposed on the right) close under the transforms."""
+    left, or transposed on the right), with a run-time batch and with a static batch of one
+    (Reshapes for the transposes), close under the transforms."""
     monkeypatch.setattr(_conv_grad, "_COLUMNS_LEFT_MAX_ROWS", left)
-    case = next(c for c in CASES if c.name == "im2col_3x3")
+    case = next(c for c in CASES + STATIC_ONE if c.name == name)
     model = case.model("float", case.opsets[-1])
     vm = onnax.vjp(model, ["W"])
     (gemm,) = [n for n in vm.graph if n.op_type == "Gemm"]
