@@ -233,8 +233,19 @@ BATCH_ONE = [
     if c.name in ("pw_stride1", "dw_dilated", "im2col_3x3", "dw_banded_7x7")
 ]
 
+STATIC_ONE = [
+    Case(
+        c.name + "_static1", c.text.replace("[N, ", "[1, "), c.opsets, dims=c.dims, dtypes=c.dtypes
+    )
+    for c in CASES
+    if c.name in ("im2col_3x3", "im2col_grouped_strided_dilated", "convT_im2col_groups")
+]
+"""A batch of statically one example: the channels-major im2col moves no data (Reshapes)."""
 
-@pytest.mark.parametrize(("case", "dtype", "opset"), parametrize(CASES + BATCH_ONE), ids=case_id)
+
+@pytest.mark.parametrize(
+    ("case", "dtype", "opset"), parametrize(CASES + BATCH_ONE + STATIC_ONE), ids=case_id
+)
 def test_rule(case: Case, dtype: str, opset: int) -> None:
     run_case(case, dtype, opset)
 
@@ -300,23 +311,30 @@ def test_form_chosen(name: str, form: str) -> None:
     assert shifts == (form == "shifts"), ops
 
 
+@pytest.mark.parametrize("batch", ["N", "1"])
 @pytest.mark.parametrize(("outputs", "left"), [(64, True), (65, False)])
-def test_channels_major_operand_order(outputs: int, left: bool) -> None:
-    """Up to 64 output channels the im2col columns are the MatMul's left operand (``g``
-    channels last on the right); above, a Gemm of ``g`` with the columns transposed."""
+def test_channels_major_operand_order(outputs: int, left: bool, batch: str) -> None:
+    """Up to 64 output channels the im2col columns are the Gemm's left operand (``g`` as the
+    transposed right one), above its transposed right operand; no 2-D Transpose follows the
+    Gemm (onnxruntime would fold it in by swapping the operands). With a static batch of one,
+    neither ``x`` nor ``g`` is transposed."""
     text = (
-        f"g (float[N, 3, 6, 6] X, float[{outputs}, 3, 3, 3] W) => (float[N, {outputs}, 6, 6] Y)"
-        " { Y = Conv<pads=[1, 1, 1, 1]>(X, W) }"
+        f"g (float[{batch}, 3, 6, 6] X, float[{outputs}, 3, 3, 3] W)"
+        f" => (float[{batch}, {outputs}, 6, 6] Y) {{ Y = Conv<pads=[1, 1, 1, 1]>(X, W) }}"
     )
     model = Case("order", text).model("float", 18)
     graph = onnax.vjp(model, ["W"]).graph
     one_hot = next(n for n in graph if n.op_type == "Conv" and len(n.outputs[0].shape or []) == 5)
     (columns,) = [u for u, _ in one_hot.outputs[0].uses()]  # the Reshape to [C*K, N*P]
     (product,) = [u for u, _ in columns.outputs[0].uses()]
-    assert product.op_type == ("MatMul" if left else "Gemm"), product
+    assert product.op_type == "Gemm", product
     assert (product.inputs[0] is columns.outputs[0]) == left
-    if not left:
-        assert product.attributes.get_int("transB") == 1
+    assert product.attributes.get_int("transB") == 1
+    (after,) = [u for u, _ in product.outputs[0].uses()]
+    assert after.op_type == "Reshape", after
+    transposes = [n.attributes.get_ints("perm") for n in graph if n.op_type == "Transpose"]
+    if batch == "1":
+        assert [1, 0, 2, 3] not in [list(p or []) for p in transposes], transposes
 
 
 @pytest.fixture(params=["im2col", "im2col_gemm", "classic", "banded"])
@@ -342,7 +360,7 @@ def forced(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> I
     yield request.param
 
 
-WEIGHT_CASES = [c for c in CONV_CASES + CASES if c.inputs is None or "W" in c.inputs]
+WEIGHT_CASES = [c for c in CONV_CASES + CASES + STATIC_ONE if c.inputs is None or "W" in c.inputs]
 
 
 @pytest.mark.parametrize("case", WEIGHT_CASES, ids=case_id)
@@ -375,17 +393,20 @@ def test_second_order_and_per_example(name: str) -> None:
     check_vmap(vm, feeds, in_axes=[0, None, 0])
 
 
+@pytest.mark.parametrize("name", ["im2col_3x3", "im2col_3x3_static1"])
 @pytest.mark.parametrize("left", [64, 0])
 def test_channels_major_second_order_and_per_example(
-    left: int, monkeypatch: pytest.MonkeyPatch
+    left: int, name: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """Both operand orders of the ungrouped channels-major im2col (MatMul with the columns on
-    the left; Gemm with them transposed on the right) close under the transforms."""
+    """Both operand orders of the ungrouped channels-major im2col's Gemm (the columns on the
+    left, or transposed on the right), with a run-time batch and with a static batch of one
+    (Reshapes for the transposes), close under the transforms."""
     monkeypatch.setattr(_conv_grad, "_COLUMNS_LEFT_MAX_ROWS", left)
-    case = next(c for c in CASES if c.name == "im2col_3x3")
+    case = next(c for c in CASES + STATIC_ONE if c.name == name)
     model = case.model("float", case.opsets[-1])
     vm = onnax.vjp(model, ["W"])
-    assert any(n.op_type == ("MatMul" if left else "Gemm") for n in vm.graph)
+    (gemm,) = [n for n in vm.graph if n.op_type == "Gemm"]
+    assert (gemm.inputs[0].shape or [])[0] == (27 if left else 4), gemm  # C*K, or M
     feeds = case.feeds(vm)
     check_jvp(vm, feeds)
     check_vjp(vm, feeds)

@@ -54,10 +54,15 @@ where single figures scatter by 2x; ratios are the classic form's time over the 
   resnet18 at batch 8, gradient w.r.t. every weight and the image: 1283 -> 1187 ms (primal
   289 ms). The GEMMs then run at about the forward Convs' speed; transposing ``x`` and ``g``
   costs one pass of each. With at most 64 output channels (an ungrouped Conv) the GEMM is
-  ``cols [C*K, N*P] @ g [N*P, M]`` instead (``g`` channels last, the small result transposed):
-  the big columns are then read in place rather than packed: 56x56x64 stride 1 at batch 8
-  37.8 -> 33.8 ms, at batch 1 4.9 -> 4.3; resnet's 7x7 stride-2 stem (3 -> 64) 75 -> 60 ms;
-  with 128 channels a tie, from 256 on slower (7x7x512: 22 -> 33).
+  ``cols [C*K, N*P] @ gᵀ`` instead (the small result transposed): the big columns are then
+  read in place rather than packed: 56x56x64 stride 1 at batch 8 37.8 -> 33.8 ms, at batch 1
+  4.9 -> 4.3; resnet's 7x7 stride-2 stem (3 -> 64) 75 -> 60 ms; with 128 channels a tie, from
+  256 on slower (7x7x512: 22 -> 33). ``g`` enters that Gemm as the transposed right operand
+  ``[M, N*P]`` (the batch and channel axes exchanged, whole planes moving), not channels last
+  (a Transpose of every plane): resnet18's stem at batch 8, in the whole gradient (kernel
+  profile, one thread): Transpose 7.8 -> 5.4 ms and the product 27.5 -> 21.0 ms; layer1's
+  56x56x64 alike. With a static batch of one, ``x`` and ``g`` go channels first by Reshapes,
+  which move no data.
 * **Windows that tile the input** (stride == kernel, no pads, one group: patch embeddings) with
   more than 16 kernel elements take the classic Conv: ViT's 16x16 patches 1.6x (batch 8) and
   3.7x (batch 1) faster than the im2col, 8x8 1.1x and 3.8x; convnext's 4x4 stem and 2x2
@@ -310,7 +315,13 @@ def _im2col_channels_major(
     dtype = weight.dtype or inp_like.dtype
     assert dtype is not None
     one_hot = np.eye(size, dtype=dtype.numpy()).reshape(size, 1, 1, *kernel)
-    by_channel = em.unsqueeze(em.transpose(inp, [1, 0, 2, 3]), [1])  # [C, 1, N, H, W]
+    single = _single_example(inp_like)
+    if single:
+        # One example: channels first is a Reshape (no copy in onnxruntime), not a Transpose.
+        target = int_vector(em, [-1, 1, 1, *spatial_dims(em, inp_like, 4)])
+        by_channel = em.op("Reshape", [inp, target])  # [C, 1, 1, H, W]
+    else:
+        by_channel = em.unsqueeze(em.transpose(inp, [1, 0, 2, 3]), [1])  # [C, 1, N, H, W]
     # The batch axis: kernel 1, stride 1, no pads; its sizes only describe the window.
     lifted = Window(
         [1, *win.size_in],
@@ -323,19 +334,26 @@ def _im2col_channels_major(
     )
     cols = correlate(em, by_channel, em.const(one_hot), lifted, 1, 5)  # [C, K, N, Ho, Wo]
     mg, cg = _group_dims(em, weight, group)
+    # ``g`` as rows ``[M, N*P]``: batch and channels exchanged (whole planes move), or with one
+    # example a Reshape.
+    rows = em.transpose(grad, [1, 0, 2, 3]) if not single else grad  # [M, N, Ho, Wo]
     if group == 1:
         columns = em.op("Reshape", [cols, int_vector(em, [size_mul(em, cg, size), -1])])
+        matrix = em.op("Reshape", [rows, int_vector(em, [mg if single else 0, -1])])  # [M, N*P]
         if isinstance(mg, int) and mg <= _COLUMNS_LEFT_MAX_ROWS:
             # Few output channels: the big columns as the GEMM's left operand, read in place,
-            # and ``g`` channels last as the small right one, which the GEMM packs.
-            last = em.op("Reshape", [em.transpose(grad, [0, 2, 3, 1]), em.ints([-1, mg])])
-            product = em.transpose(em.op("MatMul", [columns, last]), [1, 0])  # [M, C*K]
+            # and ``g`` as the small transposed right one, which the GEMM packs. (``g``
+            # channels last as a plain right operand needed a Transpose of every plane:
+            # resnet's stem at batch 8 7.3 ms there against 2 ms for the rows.) The small
+            # ``[C*K, M]`` result goes to ``[M, C, k]`` through a 4-D Transpose: a 2-D one right
+            # after the Gemm, onnxruntime folds into it by swapping the operands, the order
+            # measured 1.2-1.5x slower here.
+            product = em.op("Gemm", [columns, matrix], {"transB": 1})  # [C*K, M]
+            split = em.op("Reshape", [product, int_vector(em, [cg, *kernel, -1])])
+            return em.transpose(split, [3, 0, 1, 2])
         else:
-            rows = em.transpose(grad, [1, 0, 2, 3])  # [M, N, Ho, Wo]
-            matrix = em.op("Reshape", [rows, em.ints([0, -1])])  # [M, N*P]
             product = em.op("Gemm", [matrix, columns], {"transB": 1})  # [M, C*K]
     else:
-        rows = em.transpose(grad, [1, 0, 2, 3])  # [M, N, Ho, Wo]
         columns = em.op(
             "Reshape", [cols, int_vector(em, [group, size_mul(em, cg, size), -1])]
         )  # [g, Cg*K, N*P]
@@ -343,6 +361,12 @@ def _im2col_channels_major(
         # onnxruntime fuses the Transpose of the last two axes into the MatMul (FusedMatMul).
         product = em.op("MatMul", [matrix, em.transpose(columns, [0, 2, 1])])  # [g, Mg, Cg*K]
     return em.op("Reshape", [product, int_vector(em, [-1, cg, *kernel])])
+
+
+def _single_example(inp_like: ir.Value) -> bool:
+    """Whether the batch of ``inp_like`` is statically 1."""
+    dims = inp_like.shape.dims if inp_like.shape is not None else None
+    return dims is not None and len(dims) > 0 and dims[0] == 1
 
 
 def _depthwise_shifts(
