@@ -139,6 +139,52 @@ def test_no_nan_guard_where_no_row_can_be_masked(op: str) -> None:
             check_jvp(model, feeds)
 
 
+CAUSAL = """
+g ({T}[2, 4, 3] Q, {T}[2, 3, 4] K) => ({T}[2, 4, 4] Y) {
+    P = MatMul(Q, K)
+    one = Constant<value = {T} {1}>()
+    shape = Constant<value = int64[2] @fill@>()
+    D = Expand(one, shape)
+    k = Constant<value = int64 {@k@}>()
+    T = Trilu<upper = @upper@>(D, k)
+    z = Constant<value = {T} {0}>()
+    c = Equal(T, z)
+    ninf = Constant<value = {T} {-inf}>()
+    bias = Where(c, ninf, z)
+    S = Add(P, bias)
+    Y = Softmax<axis = @axis@>(S)
+}
+"""
+
+
+@pytest.mark.parametrize(
+    ("upper", "k", "axis", "fill", "guarded"),
+    [
+        (0, 0, -1, "{4, 4}", False),  # the causal mask: every row keeps column 0
+        (0, 1, 2, "{4, 4}", False),
+        (1, 0, -1, "{4, 4}", True),  # upper: not recognised
+        (0, -1, -1, "{4, 4}", True),  # row 0 masked entirely
+        (0, 0, 1, "{4, 4}", True),  # along columns: not a row of the mask
+    ],
+)
+def test_causal_mask_needs_no_nan_guard(
+    upper: int, k: int, axis: int, fill: str, guarded: bool
+) -> None:
+    """A lower-triangular -inf mask keeps a finite element in every row along the last axis:
+    no IsNaN/Where guard (two full-size passes and a residual); other masks keep it. The
+    derivatives agree with finite differences wherever the primal is finite."""
+    text = CAUSAL.replace("@fill@", fill).replace("@k@", str(k)).replace("@upper@", str(upper))
+    model = Case("causal", text.replace("@axis@", str(axis))).model("double", 18)
+    rng = np.random.default_rng(0)
+    feeds = {"Q": rng.standard_normal((2, 4, 3)), "K": rng.standard_normal((2, 3, 4))}
+    finite = bool(np.all(np.isfinite(run(model, feeds)["Y"])))
+    vm = check_vjp(model, feeds) if finite else onnax.vjp(model)
+    ops = [n.op_type for n in vm.graph]
+    assert ("IsNaN" in ops) == guarded, ops
+    if finite:
+        check_jvp(model, feeds)
+
+
 # ------------------------------------------------------------------------------- errors
 @pytest.mark.parametrize("op", ["Softmax", "LogSoftmax"])
 def test_flattening_softmax_needs_a_rank(op: str) -> None:

@@ -22,7 +22,7 @@ import onnx_ir as ir
 from onnax.core.emit import InternalRuleError
 from onnax.core.inference import infer_shapes
 from onnax.core.registry import transpose_rules
-from onnax.core.shapes import ShapeOracle
+from onnax.core.shapes import ShapeOracle, dims_key
 from onnax.core.subgraphs import (
     TAKEN,
     BodyHooks,
@@ -124,7 +124,15 @@ def transpose_graph(
 
     def accumulate(value: ir.Value, ct: ir.Value) -> None:
         previous = cotangent.get(value)
-        cotangent[value] = ct if previous is None else em.op("Add", [previous, ct])
+        if previous is None:
+            cotangent[value] = ct
+            return
+        if _expanded(previous) is not None and _expanded(ct) is None:
+            previous, ct = ct, previous
+        small = _expanded(ct)
+        if small is None or not _full_size(previous, value):
+            small = ct
+        cotangent[value] = em.op("Add", [previous, small])
 
     for t, seed in seeds:
         if t in lin.linear:
@@ -160,6 +168,26 @@ def transpose_graph(
     graph.extend(em.take())
     _remove_linear(graph, lin)
     return results
+
+
+def _expanded(ct: ir.Value) -> ir.Value | None:
+    """The input ``r`` of a cotangent ``Expand(r, shape)``, else None.
+
+    A reduction's transpose (the row sums of LayerNorm, Softmax and ReduceMean backward) hands
+    back ``Expand(r, shape)``, a full-size pass over memory. Added to another cotangent of the
+    same value, which has the value's shape too (the transpose contract), ``Add`` broadcasts
+    ``r`` to the same tensor, so the Expand is left for dead-code removal.
+    """
+    producer = ct.producer()
+    if producer is None or producer.op_type != "Expand" or producer.domain != "":
+        return None
+    return producer.inputs[0]
+
+
+def _full_size(ct: ir.Value, value: ir.Value) -> bool:
+    """Whether ``ct`` has ``value``'s shape, as far as shapes are known (the contract)."""
+    have, want = dims_key(ct.shape), dims_key(value.shape)
+    return have is None or want is None or have == want
 
 
 def _remove_linear(graph: ir.Graph, lin: Linearization) -> None:

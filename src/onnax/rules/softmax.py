@@ -12,7 +12,9 @@ whose transposes serve reverse mode.
   softmax that models discard with a Where; its coefficients are read as 0 there, so the zero
   cotangent coming back stays 0. That guard (IsNaN and Where, two full-size passes over the
   attention matrix) is emitted only where a -inf can reach the input: from a constant, a graph
-  input or an operator that makes one (see ``_may_hold_minus_inf``), not through a product.
+  input or an operator that makes one (see ``_may_hold_minus_inf``), not through a product; nor
+  where the -inf comes from a causal mask, which keeps a finite element in every row
+  (``_causal_mask``).
 * **Batch rules** (vmap) shift ``axis`` past the batch axis. Before opset 13 the input is coerced
   to ``[prod(dims[:axis]), prod(dims[axis:])]``; with the batch axis in front, ``axis + 1`` folds
   the batch into the rows and leaves the normalised block ``dims[axis:]`` unchanged.
@@ -127,11 +129,88 @@ def _may_hold_minus_inf(x: ir.Value) -> bool:
     return False
 
 
-def _guarded(em: Emitter, node: ir.Node, p: ir.Value, like: ir.Value) -> ir.Value:
+def _all_nonzero(v: ir.Value | None) -> bool:
+    """Whether ``v`` is a constant, or an Expand of one, with no zero element."""
+    node = v.producer() if v is not None else None
+    if node is not None and node.op_type == "Expand" and node.domain == "":
+        v = node.inputs[0]
+    data = constant_of(v) if v is not None else None
+    return data is not None and data.size > 0 and bool(np.all(data != 0))
+
+
+def _is_zero(v: ir.Value | None) -> bool:
+    data = constant_of(v) if v is not None else None
+    return data is not None and data.size > 0 and bool(np.all(data == 0))
+
+
+def _causal_mask(m: ir.Value) -> bool:
+    """Whether every row (along the last axis) of ``m`` holds a finite element.
+
+    Recognised: the causal mask of decoder attention, ``Where(Trilu(D) == 0, -inf, B)`` (or an
+    Expand of it) with ``D`` nonzero everywhere, ``Trilu`` lower with ``k >= 0`` and ``B`` free of
+    -inf: row ``i`` keeps column 0 (``0 <= i + k``), where the Where takes ``B``.
+    """
+    node = m.producer()
+    if node is not None and node.op_type == "Expand" and node.domain == "":
+        node = node.inputs[0].producer() if node.inputs[0] is not None else None
+    if node is None or node.op_type != "Where" or node.domain != "" or len(node.inputs) != 3:
+        return False
+    cond, _, kept = node.inputs
+    if kept is None or _may_hold_minus_inf(kept):
+        return False
+    equal = cond.producer() if cond is not None else None
+    if equal is None or equal.op_type != "Equal" or equal.domain != "":
+        return False
+    for t, zero in (equal.inputs, equal.inputs[::-1]):
+        trilu = t.producer() if t is not None else None
+        if trilu is None or trilu.op_type != "Trilu" or trilu.domain != "" or not _is_zero(zero):
+            continue
+        if int_attr(trilu, "upper", 1) != 0 or not _all_nonzero(trilu.inputs[0]):
+            continue
+        k = constant_of(trilu.inputs[1]) if len(trilu.inputs) > 1 and trilu.inputs[1] else None
+        if len(trilu.inputs) > 1 and trilu.inputs[1] is not None and (k is None or k.size != 1):
+            continue
+        if k is None or int(k.reshape(())) >= 0:
+            return True
+    return False
+
+
+def _rows_keep_a_finite(x: ir.Value) -> bool:
+    """Whether every row of ``x`` along its last axis holds a finite element.
+
+    True when no -inf reaches ``x``, or ``x`` adds a :func:`_causal_mask` to scores that hold
+    none (the mask's last axis is ``x``'s, broadcasting aligns trailing axes).
+    """
+    if not _may_hold_minus_inf(x):
+        return True
+    node = x.producer()
+    if node is None or node.op_type != "Add" or node.domain != "" or len(node.inputs) != 2:
+        return False
+    a, b = node.inputs
+    if a is None or b is None:
+        return False
+    return any(
+        not _may_hold_minus_inf(scores) and _causal_mask(mask) for scores, mask in ((a, b), (b, a))
+    )
+
+
+def _normalises_last_axis(node: ir.Node, axes: Sequence[int]) -> bool:
+    x = node.inputs[0]
+    if x is None or x.shape is None:
+        return False
+    rank = x.shape.rank()
+    return rank - 1 in [a + rank if a < 0 else a for a in axes]
+
+
+def _guarded(
+    em: Emitter, node: ir.Node, p: ir.Value, like: ir.Value, axes: Sequence[int]
+) -> ir.Value:
     """``p`` with NaN replaced by 0 where a masked (all -inf) row can arise, else ``p``."""
     x = node.inputs[0]
     if x is not None and not _may_hold_minus_inf(x):
         return p
+    if x is not None and _normalises_last_axis(node, axes) and _rows_keep_a_finite(x):
+        return p  # each normalised block holds a whole last-axis row, and so a finite element
     return _nan_to_zero(em, p, like)
 
 
@@ -143,7 +222,7 @@ def _softmax_jvp(flatten: bool) -> JvpRule:
             return [None]
         y = node.outputs[0]
         axes = _softmax_axes(node, em.opset, flatten=flatten)
-        y = _guarded(em, node, y, y)
+        y = _guarded(em, node, y, y, axes)
         expected_t = em.reduce_sum(em.op("Mul", [t, y]), axes, keepdims=True)
         return [em.op("Mul", [em.op("Sub", [t, expected_t]), y])]
 
@@ -158,7 +237,7 @@ def _log_softmax_jvp(flatten: bool) -> JvpRule:
             return [None]
         y = node.outputs[0]
         axes = _softmax_axes(node, em.opset, flatten=flatten)
-        softmax = _guarded(em, node, em.op("Exp", [y]), y)
+        softmax = _guarded(em, node, em.op("Exp", [y]), y, axes)
         expected_t = em.reduce_sum(em.op("Mul", [t, softmax]), axes, keepdims=True)
         return [em.op("Sub", [t, expected_t])]
 
