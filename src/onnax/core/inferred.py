@@ -32,54 +32,67 @@ from onnx_shape_inference import SYM_DATA_KEY
 
 from onnax.core.traverse import subgraphs
 
-__all__ = ["remember", "unchanged"]
+__all__ = ["passable", "remember", "unchanged"]
 
 _Record = tuple[Any, ...]
 
-_RECORDS: weakref.WeakKeyDictionary[ir.Graph, weakref.WeakKeyDictionary[ir.Node, _Record]] = (
+_RECORDS: weakref.WeakKeyDictionary[ir.Graph, dict[int, tuple[weakref.ref[ir.Node], _Record]]] = (
     weakref.WeakKeyDictionary()
 )
 """Per main graph, the record of each node of the model (subgraphs included) at the end of its
-last inference. Not in ``graph.meta``: a copy of the model would carry it, and a copied node is
-not one that inference saw. Records hold weak references only (to values and tensors), so they
-keep no graph alive."""
+last recording inference, by ``id`` of the node with a weak reference to it (a plain dict:
+a ``WeakKeyDictionary`` per node cost a third of the records' time). Not in ``graph.meta``: a
+copy of the model would carry it, and a copied node is not one that inference saw. Records
+hold weak references only (to nodes, values and tensors), so they keep no graph alive."""
 
 
 def remember(model: ir.Model) -> None:
     """Records, at the end of an inference of ``model``, what it knew of each node."""
-    records: weakref.WeakKeyDictionary[ir.Node, _Record] = weakref.WeakKeyDictionary()
+    records: dict[int, tuple[weakref.ref[ir.Node], _Record]] = {}
     for graph in (model.graph, *subgraphs(model.graph)):
         for node in graph:
             record = _record(node)
             if record is not None:
-                records[node] = record
+                records[id(node)] = (weakref.ref(node), record)
     _RECORDS[model.graph] = records
 
 
 def unchanged(model: ir.Model) -> list[ir.Node]:
-    """The nodes whose record from the last inference of ``model`` still holds."""
+    """The nodes whose record from the last recording inference of ``model`` still holds."""
     records = _RECORDS.get(model.graph)
     if not records:
         return []
     graphs = {model.graph, *subgraphs(model.graph)}
-    return [
-        node
-        for node, record in list(records.items())
-        if node.graph in graphs and _record(node) == record
-    ]
+    found = []
+    for ref, record in records.values():
+        node = ref()
+        if node is not None and node.graph in graphs and _record(node) == record:
+            found.append(node)
+    return found
+
+
+def passable(node: ir.Node) -> bool:
+    """Whether inference may pass over ``node`` when its inputs are as it last inferred them.
+
+    Not so for the exceptions of this module's introduction, nor for a node with an output
+    not fully known (:func:`_fully_known`).
+    """
+    for attr in node.attributes.values():
+        if attr.type in (ir.AttributeType.GRAPH, ir.AttributeType.GRAPHS):
+            return False
+    constant = node.op_type == "Constant" and node.domain in ("", "ai.onnx")
+    for out in node.outputs:
+        if not _fully_known(out):
+            return False
+        if out.const_value is None and (constant or SYM_DATA_KEY in out.metadata_props):
+            return False
+    return True
 
 
 def _record(node: ir.Node) -> _Record | None:
     """What inference reads and writes for ``node``, or None if it must always infer it."""
-    for attr in node.attributes.values():
-        if attr.type in (ir.AttributeType.GRAPH, ir.AttributeType.GRAPHS):
-            return None
-    constant = node.op_type == "Constant" and node.domain in ("", "ai.onnx")
-    for out in node.outputs:
-        if not _fully_known(out):
-            return None
-        if out.const_value is None and (constant or SYM_DATA_KEY in out.metadata_props):
-            return None
+    if not passable(node):
+        return None
     return (
         node.op_type,
         node.domain,
@@ -119,7 +132,7 @@ def _state(value: ir.Value | None) -> tuple[Any, ...] | None:
         weakref.ref(value),
         type(value.type),
         value.dtype,
-        None if shape is None else tuple(shape.dims),
+        None if shape is None else shape.dims,  # a tuple, taken afresh
         None if tensor is None else _weak(tensor),
     )
 
