@@ -50,9 +50,11 @@ def infer_shapes(
             given, then again after adding nodes to it, and most of a round's time went into
             nodes whose outputs it already knew. Later rounds, which follow what completion
             learnt, infer every node.
-        record: Whether to record what this call knew, for a later ``new_only`` call
-            (:func:`onnax.core.inferred.remember`; it costs a tenth of an inference, so only
-            calls that one follows record).
+        record: Whether to record what this call knew, for later ``new_only`` calls
+            (:func:`onnax.core.inferred.remember`). A record costs about a tenth of an
+            inference, so only prepare's records: reverse mode's second inference (of the
+            linearized model) passing over prepare's nodes and not recording, cleanup's passes
+            over prepare's nodes again; recording the linearized model cost what it saved.
     """
     declared = _declared_io_shapes(model)
     sort(model.graph)
