@@ -10,20 +10,23 @@ passes, so that none of them has to import another pass for it.
 
 from __future__ import annotations
 
-import weakref
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 
 import onnx_ir as ir
+import onnx_shape_inference as osi
 from onnx_shape_inference import OpUsageError, ShapeInferenceError, infer_symbolic_shapes
 
 from onnax.core.broadcast_dims import forget_guessed_broadcasts
+from onnax.core.inferred import remember, unchanged
 from onnax.core.shape_fill import complete_shapes
 from onnax.core.traverse import sort, subgraphs
 
 __all__ = ["RANK_GUESSED", "infer_shapes"]
 
 
-def infer_shapes(model: ir.Model, *, complete: bool = True, new_only: bool = False) -> None:
+def infer_shapes(
+    model: ir.Model, *, complete: bool = True, new_only: bool = False, record: bool = False
+) -> None:
     """Runs symbolic shape inference in place (sorting first, as inference walks in list order).
 
     onnx_shape_inference's answers are completed by :func:`~onnax.core.shape_fill.complete_shapes`:
@@ -42,14 +45,20 @@ def infer_shapes(model: ir.Model, *, complete: bool = True, new_only: bool = Fal
         complete: Whether to complete onnx_shape_inference's answers (costs one more round of
             inference where folding learns something).
         new_only: Whether the first round of onnx_shape_inference may pass over the nodes
-            the last call inferred (see :func:`_inferred_before`): a transform infers the
-            model it was given, then again after adding nodes to it, and most of a round's
-            time went into nodes whose outputs it already knew. Later rounds, which follow
-            what completion learnt, infer every node.
+            whose record from the last recording call still holds
+            (:func:`onnax.core.inferred.unchanged`): a transform infers the model it was
+            given, then again after adding nodes to it, and most of a round's time went into
+            nodes whose outputs it already knew. Later rounds, which follow what completion
+            learnt, infer every node.
+        record: Whether to record what this call knew, for later ``new_only`` calls
+            (:func:`onnax.core.inferred.remember`). A record costs about a tenth of an
+            inference, so only prepare's records: reverse mode's second inference (of the
+            linearized model) passing over prepare's nodes and not recording, cleanup's passes
+            over prepare's nodes again; recording the linearized model cost what it saved.
     """
     declared = _declared_io_shapes(model)
     sort(model.graph)
-    _infer_past_guesses(model, _inferred_before(model) if new_only else ())
+    _infer_past_guesses(model, unchanged(model) if new_only else ())
     if complete:
         complete_shapes(model, _infer_past_guesses, _guessed_ranks)
     guessed = False
@@ -58,9 +67,8 @@ def infer_shapes(model: ir.Model, *, complete: bool = True, new_only: bool = Fal
     model.graph.meta[RANK_GUESSED] = bool(model.graph.meta.get(RANK_GUESSED)) or guessed
     forget_guessed_broadcasts(model)
     _keep_declared_dims(declared)
-    _LAST_INFERRED[model.graph] = weakref.WeakSet(
-        node for graph in (model.graph, *subgraphs(model.graph)) for node in graph
-    )
+    if record:
+        remember(model)
 
 
 RANK_GUESSED = "onnax.rank_guessed"
@@ -71,45 +79,24 @@ guessed length: so a transform's result gets inferred shapes only when this is F
 
 
 _NOT_INFERRED = "onnax.not_inferred"
-"""A domain without inference rules: a node moved there is passed over by inference."""
+"""The domain a node is moved to while inference passes over it: its rules do nothing
+(:func:`_pass_over`), so a passed-over node costs a dictionary look-up, not the search for a
+function body that a domain without rules costs the engine."""
 
 
-def _inferred_before(model: ir.Model) -> list[ir.Node]:
-    """The nodes the last inference of ``model`` saw, whose outputs it fully knows.
-
-    Inferring such a node again, from inputs that are the same values with the same shapes,
-    finds what its outputs hold already. Inferred again all the same: a node added since (a
-    rule may give its outputs a partial shape, ``[None] * rank``, that inference refines), a
-    node producing a graph output (a declared shape that inference may refine), and a node
-    with an output of unknown type or shape, or with an unnamed dimension: inference names
-    the unnamed dimensions of the values it reads, and re-inferring the producer first would
-    give them the producer's names instead (as where ``forget_guessed_broadcasts`` made a
-    dimension unknown).
-    """
-    seen = _LAST_INFERRED.get(model.graph)
-    if not seen:
-        return []
-    return [
-        node
-        for graph in (model.graph, *subgraphs(model.graph))
-        for node in graph
-        if node in seen and all(_fully_known(out) for out in node.outputs)
-    ]
+def _pass_over(ctx: object, node: ir.Node) -> None:
+    """The inference rule of every operator in the private domain: leaves the outputs as they are."""
 
 
-def _fully_known(value: ir.Value) -> bool:
-    shape = value.shape
-    if value.type is None or shape is None or value.is_graph_output():
-        return False
-    return all(isinstance(d, int) or d.value is not None for d in shape.dims)
+_PASSED_OVER: set[str] = set()
+"""The operators that :func:`_pass_over` is registered for in the private domain."""
 
 
-_LAST_INFERRED: weakref.WeakKeyDictionary[ir.Graph, weakref.WeakSet[ir.Node]] = (
-    weakref.WeakKeyDictionary()
-)
-"""Per main graph, the nodes of the model (subgraphs included) at the end of its last
-:func:`infer_shapes`. Not in ``graph.meta``: a copy of the model would carry it (a deep copy
-would copy every node), and a copied node is not one that inference saw."""
+def _register_pass_over(op_types: Iterable[str]) -> None:
+    new = set(op_types) - _PASSED_OVER
+    for op_type in sorted(new):
+        osi.registry.register(_NOT_INFERRED, op_type, since_version=1)(_pass_over)
+    _PASSED_OVER.update(new)
 
 
 def _infer_past_guesses(model: ir.Model, skipped: Sequence[ir.Node] = ()) -> None:
@@ -121,9 +108,11 @@ def _infer_past_guesses(model: ir.Model, skipped: Sequence[ir.Node] = ()) -> Non
     has (unknown shapes), as the rules work without, and inference goes on after it.
 
     The ``skipped`` nodes are passed over the same way from the start: they keep the outputs
-    they have.
+    they have. So are the settled constants (:func:`_settled_constants`).
     """
+    skipped = list(dict.fromkeys([*skipped, *_settled_constants(model)]))  # each once
     passed_over: list[tuple[ir.Node, str]] = []
+    _register_pass_over(node.op_type for node in skipped)
     for known in skipped:
         passed_over.append((known, known.domain))
         known.domain = _NOT_INFERRED
@@ -136,11 +125,43 @@ def _infer_past_guesses(model: ir.Model, skipped: Sequence[ir.Node] = ()) -> Non
                 node = _refusing_node(model, err)
                 if node is None or node.domain == _NOT_INFERRED:
                     raise
+                _register_pass_over([node.op_type])
                 passed_over.append((node, node.domain))
                 node.domain = _NOT_INFERRED
     finally:
-        for node, domain in passed_over:
+        for node, domain in reversed(passed_over):
             node.domain = domain
+
+
+def _settled_constants(model: ir.Model) -> list[ir.Node]:
+    """The ``Constant`` nodes whose output holds its tensor, with the tensor's type and shape.
+
+    Inference would find just that type and shape (and a reader takes the tensor from
+    ``const_value`` before looking at the producer), but reading the attribute checks it
+    against ``TensorProtocol``, a runtime protocol check that made the thousands of constants
+    a derivative model holds a fifth of its inference.
+    """
+    settled = []
+    for graph in (model.graph, *subgraphs(model.graph)):
+        for node in graph:
+            if node.op_type != "Constant" or node.domain != "":
+                continue
+            out = node.outputs[0]
+            attr = node.attributes.get("value")
+            tensor = out.const_value
+            if (
+                tensor is None
+                or attr is None
+                or attr.is_ref()
+                or attr.value is not tensor
+                or out.dtype != tensor.dtype
+                or out.shape is None
+                or out.shape.dims != tensor.shape.dims
+                or out.is_graph_output()
+            ):
+                continue
+            settled.append(node)
+    return settled
 
 
 def _refusing_node(model: ir.Model, err: Exception) -> ir.Node | None:

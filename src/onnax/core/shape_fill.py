@@ -33,7 +33,7 @@ and cleared afterwards as before.
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable, Iterator, Set
+from collections.abc import Callable, Iterator, Sequence, Set
 
 import numpy as np
 import onnx
@@ -42,6 +42,7 @@ import onnx.shape_inference
 import onnx_ir as ir
 
 from onnax.core.diagnostics import RANDOM_OPS
+from onnax.core.inferred import passable
 from onnax.core.skeleton import skeleton_proto
 from onnax.core.static import evaluate, static_shape
 from onnax.core.traverse import subgraphs
@@ -88,27 +89,61 @@ Others (Exp, Pow...) may round differently from one implementation to the next."
 
 def complete_shapes(
     model: ir.Model,
-    infer: Callable[[ir.Model], None],
+    infer: Callable[[ir.Model, Sequence[ir.Node]], None],
     guessed: Callable[[ir.Graph], Set[ir.Value]],
 ) -> None:
     """Folds static shape arithmetic and adopts onnx.shape_inference's answers, in place.
 
     Args:
         model: A model on which ``infer`` has run once (its graphs sorted).
-        infer: Runs onnx_shape_inference on ``model`` again (it refines, never overrides).
+        infer: Runs onnx_shape_inference on ``model`` again (it refines, never overrides),
+            passing over the given nodes (:func:`_unaffected`).
         guessed: The values of a graph whose shapes rest on a guessed rank; they are neither
             folded nor given the other engine's shapes.
     """
     adopted = False
     for _ in range(_MAX_ROUNDS):
-        learnt = _fold(model, guessed)
-        learnt = _keep_ranks(model, guessed) or learnt
+        changed: set[ir.Value] = set()
+        learnt = _fold(model, guessed, changed)
+        learnt = _keep_ranks(model, guessed, changed) or learnt
         if not learnt and not adopted:
             adopted = True
-            learnt = _adopt_onnx_shapes(model, guessed)
+            learnt = _adopt_onnx_shapes(model, guessed, changed)
         if not learnt:
             return
-        infer(model)
+        infer(model, _unaffected(model, changed))
+
+
+def _unaffected(model: ir.Model, changed: Set[ir.Value]) -> list[ir.Node]:
+    """The nodes that the next round may pass over: none of their inputs depends on ``changed``.
+
+    A round after folding used to infer every node, though folding mostly annotates a few
+    hundred small weights (a batch normalization's scale, ``Unsqueeze``-d): only their
+    consumers can learn something, and what those learn travels on. It stops at an output
+    with a static floating-point shape: inferring its producer again cannot refine its
+    numbers, and inference keeps no contents of floating-point values for their consumers.
+    A node that inference must not pass over (:func:`onnax.core.inferred.passable`) is
+    inferred in any case.
+    """
+    reached = set(changed)
+    unaffected = []
+    for graph in _graphs(model.graph):
+        for node in graph:
+            if any(v in reached for v in node.inputs if v is not None):
+                reached.update(out for out in node.outputs if not _settled(out))
+            elif passable(node):
+                unaffected.append(node)
+    return unaffected
+
+
+def _settled(value: ir.Value) -> bool:
+    shape = value.shape
+    return (
+        value.dtype is not None
+        and value.dtype.is_floating_point()
+        and shape is not None
+        and all(isinstance(d, int) for d in shape.dims)
+    )
 
 
 # ------------------------------------------------------------------------------ folding
@@ -191,8 +226,10 @@ def _agrees(value: ir.Value, array: np.ndarray) -> bool:
     )
 
 
-def _fold(model: ir.Model, guessed: Callable[[ir.Graph], Set[ir.Value]]) -> bool:
-    """Annotates every newly constant value; True if one of them feeds a node."""
+def _fold(
+    model: ir.Model, guessed: Callable[[ir.Graph], Set[ir.Value]], changed: set[ir.Value]
+) -> bool:
+    """Annotates every newly constant value (into ``changed``); True if one of them feeds a node."""
     opset = model.opset_imports.get("", model.opset_imports.get("ai.onnx", 1))
     learnt = False
     for graph in _graphs(model.graph):
@@ -210,6 +247,7 @@ def _fold(model: ir.Model, guessed: Callable[[ir.Graph], Set[ir.Value]]) -> bool
                 logger.debug("not folded (shapes disagree): %s %r", node.op_type, node.name)
                 continue
             for out, array in zip(node.outputs, results, strict=True):
+                changed.add(out)
                 out.const_value = ir.tensor(array)
                 if out.dtype is None:
                     out.dtype = ir.DataType.from_numpy(array.dtype)
@@ -246,7 +284,9 @@ def _kept_rank(node: ir.Node) -> ir.Shape | None:
     return ir.Shape([1 if d == 1 else None for d in x.shape.dims])
 
 
-def _keep_ranks(model: ir.Model, guessed: Callable[[ir.Graph], Set[ir.Value]]) -> bool:
+def _keep_ranks(
+    model: ir.Model, guessed: Callable[[ir.Graph], Set[ir.Value]], changed: set[ir.Value]
+) -> bool:
     learnt = False
     for graph in _graphs(model.graph):
         skip: Set[ir.Value] | None = None
@@ -260,6 +300,7 @@ def _keep_ranks(model: ir.Model, guessed: Callable[[ir.Graph], Set[ir.Value]]) -
             if node.inputs[0] in skip:
                 continue
             node.outputs[0].shape = shape
+            changed.add(node.outputs[0])
             learnt = True
     return learnt
 
@@ -289,8 +330,10 @@ def _shape_of(tensor_type: onnx.TypeProto.Tensor) -> ir.Shape | None:
     )
 
 
-def _adopt_onnx_shapes(model: ir.Model, guessed: Callable[[ir.Graph], Set[ir.Value]]) -> bool:
-    """Gives onnx.shape_inference's shape (and type) to values that have none."""
+def _adopt_onnx_shapes(
+    model: ir.Model, guessed: Callable[[ir.Graph], Set[ir.Value]], changed: set[ir.Value]
+) -> bool:
+    """Gives onnx.shape_inference's shape (and type) to values that have none (into ``changed``)."""
     wanting = [
         (graph, out)
         for graph in _graphs(model.graph)
@@ -327,10 +370,12 @@ def _adopt_onnx_shapes(model: ir.Model, guessed: Callable[[ir.Graph], Set[ir.Val
         tensor_type = found[0].tensor_type
         if out.type is None and tensor_type.elem_type:
             out.dtype = ir.DataType(tensor_type.elem_type)
+            changed.add(out)
             learnt = True
         if out.shape is None:
             shape = _shape_of(tensor_type)
             if shape is not None:
                 out.shape = shape
+                changed.add(out)
                 learnt = True
     return learnt

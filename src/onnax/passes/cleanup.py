@@ -308,7 +308,7 @@ def _annotate(model: ir.Model) -> None:
     try:
         # Without the completion rounds: the next transform completes the shapes it needs,
         # and a second round of inference on a derivative model costs a fifth of a transform.
-        infer_shapes(model, complete=False)
+        infer_shapes(model, complete=False, new_only=True)
     except (OpUsageError, ShapeInferenceError):
         logger.debug("shape inference stopped on the transformed model", exc_info=True)
     for value in unshaped:

@@ -107,7 +107,8 @@ def _own_tensors(model: ir.Model) -> None:
     Every occurrence gets its own view, as in a reloaded model: an in-memory model may hold one
     tensor object in several places (a rule's cached constant in a body and in its copy), and
     the names inference writes into it would then depend on which place it saw last. Constant
-    values that only live in memory (not serialised) are dropped.
+    values that only live in memory (not serialised) are dropped, except that a ``Constant``'s
+    output carries its attribute's tensor (:func:`_carry_constant`).
     """
     for graph in _graphs(model):
         values: list[ir.Value] = list(graph.inputs)
@@ -137,7 +138,26 @@ def _own_tensors(model: ir.Model) -> None:
             if value.is_initializer():
                 value.const_value = _view(value.const_value)
             else:
-                # In-memory state that serialisation drops (a Constant's output or a value
-                # folded by an earlier inference): the copy starts as a reloaded model would, so
-                # ``f(g)`` and ``f(reload(g))`` are the same model.
+                # In-memory state that serialisation drops (a value folded by an earlier
+                # inference): the copy starts as a reloaded model would, so ``f(g)`` and
+                # ``f(reload(g))`` are the same model. Constants get theirs back below.
                 value.const_value = None
+        for node in graph:
+            _carry_constant(node)
+
+
+def _carry_constant(node: ir.Node) -> None:
+    """Gives a ``Constant``'s output its tensor as ``const_value``, as emitted constants have.
+
+    Readers (shape inference, ``get_const_tensor``) then take the tensor directly: without it
+    they check the attribute against ``TensorProtocol``, a runtime protocol check that cost
+    more than the rest of inference for each of the thousands of constants a big graph reads.
+    The attribute's own tensor object, so a reloaded source (which has no ``const_value``)
+    reads the same tensor.
+    """
+    if node.op_type != "Constant" or node.domain not in ("", "ai.onnx") or len(node.outputs) != 1:
+        return
+    attr = node.attributes.get("value")
+    if attr is None or attr.type != ir.AttributeType.TENSOR or attr.is_ref():
+        return
+    node.outputs[0].const_value = attr.value

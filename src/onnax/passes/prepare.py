@@ -242,7 +242,8 @@ class InferShapes(passes.InPlacePass):
 
     def call(self, model: ir.Model) -> passes.PassResult:
         """Runs the step on ``model``."""
-        infer_shapes(model, complete=self.complete)
+        # Recorded: the transform infers again after adding its nodes, passing over these.
+        infer_shapes(model, complete=self.complete, record=True)
         return passes.PassResult(model, modified=True)
 
 

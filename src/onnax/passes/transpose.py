@@ -53,7 +53,7 @@ def transpose_linear(
         seeds: ``(primal output, cotangent seed)`` pairs.
         inputs: The selected primal inputs whose cotangents are wanted.
     """
-    infer_shapes(model)
+    infer_shapes(model, new_only=True)
     # A control-flow rule may have replaced the node producing an output (the primal Loop of
     # reverse mode, which gains an iteration counter): its seed belongs to the replacement.
     outputs = [(lin.replaced.get(y, y), s) for y, s in seeds]
