@@ -3,7 +3,7 @@
 Usage::
 
     uv run python tests/benchmarks/bench_conv_grad.py [--batches 1,8] [--rounds 5]
-        [--kinds 1x1,1x1_s2,3x3,3x3_s2,dw3x3,g3x3] [--sizes 56x64,28x128,14x256,7x512]
+        [--kinds 1x1,1x1_s2,3x3,3x3_s2,dw3x3,dw3x3_s2,g3x3] [--sizes 56x64,28x128,14x256,7x512]
         [--no-block] [--torch-python /work/torchvenv/bin/python]
 
 Part one times the weight-gradient subgraph alone, ``dW = sum_{n,o} g[n,m,o] x[n,c,o*s+q*d]``
@@ -22,7 +22,11 @@ plain ONNX graphs (so the candidates know nothing of the rules):
   unit axis of the 3-D one-hot Conv) and one GEMM over ``N*P`` (onnax's form for 2-D kernels);
   ``_left`` with the columns as the MatMul's left operand and ``g`` channels last;
 * ``mulsum`` (depthwise only): ``sum_{n,o} g * x_q`` per offset as Mul + ReduceSum over the
-  ``K`` shifted slices.
+  ``K`` shifted slices;
+* ``im2col_dw`` / ``im2col_mulsum`` (depthwise only): the one-hot im2col ``[N, C, K, P]``
+  contracted with ``g`` by a matrix-vector product per example and channel, or by one
+  broadcasting Mul and one ReduceSum over ``(N, P)``; ``channels``/``channels_left`` as above
+  with one group per channel.
 
 Part two times ``onnax.grad`` of a small resnet-like block (1x1 -> 3x3 -> 1x1 bottleneck with a
 strided 3x3, a depthwise 3x3 and a grouped 3x3, residual Adds, Relu) w.r.t. every weight over
@@ -68,6 +72,7 @@ KINDS = {
     "3x3": Kind("3x3", 3, 1, 1, 1),
     "3x3_s2": Kind("3x3_s2", 3, 2, 1, 1),
     "dw3x3": Kind("dw3x3", 3, 1, 1, 0),
+    "dw3x3_s2": Kind("dw3x3_s2", 3, 2, 1, 0),
     "g3x3": Kind("g3x3", 3, 1, 1, 4),
 }
 
@@ -412,8 +417,34 @@ def form_im2col_dw(n: int, c: int, m: int, h: int, kd: Kind, groups: int) -> onn
     return _model(nodes, inits)
 
 
+def form_im2col_mulsum(n: int, c: int, m: int, h: int, kd: Kind, groups: int) -> onnx.ModelProto:
+    """Depthwise: one-hot im2col ``[N, C, K, P]``, one broadcasting Mul with ``g [N, C, 1, P]``
+    and one ReduceSum over ``(N, P)``."""
+    kk = kd.k * kd.k
+    onehot = np.eye(kk, dtype=np.float32).reshape(kk, 1, kd.k, kd.k)
+    inits = [
+        numpy_helper.from_array(onehot, "onehot"),
+        _ints("single", [-1, 1, h, h]),
+        _ints("r4", [n, c, kk, -1]),
+        _ints("g4", [n, c, 1, -1]),
+        _ints("ax", [0, 3]),
+        _ints("wshape", [c, 1, kd.k, kd.k]),
+    ]
+    nodes = [
+        helper.make_node("Reshape", ["x", "single"], ["xs"]),
+        helper.make_node("Conv", ["xs", "onehot"], ["pc"], strides=[kd.s] * 2, pads=[kd.p] * 4),
+        helper.make_node("Reshape", ["pc", "r4"], ["cl"]),  # [N, C, K, P]
+        helper.make_node("Reshape", ["g", "g4"], ["gu"]),  # [N, C, 1, P]
+        helper.make_node("Mul", ["cl", "gu"], ["p"]),
+        helper.make_node("ReduceSum", ["p", "ax"], ["ps"], keepdims=0),  # [C, K]
+        helper.make_node("Reshape", ["ps", "wshape"], ["dw"]),
+    ]
+    return _model(nodes, inits)
+
+
 FORMS: dict[str, Callable[..., onnx.ModelProto]] = {
     "im2col_dw": form_im2col_dw,
+    "im2col_mulsum": form_im2col_mulsum,
     "conv": form_conv,
     "matmul": form_matmul,
     "matmul_flat": form_matmul_flat,
@@ -430,7 +461,8 @@ def forms_for(kd: Kind) -> list[str]:
     if kd.k == 1:
         return ["conv", "matmul"] + (["matmul_flat"] if kd.s == 1 else [])
     if kd.g == 0:
-        return ["conv", "im2col", "im2col3d", "im2col_dw", "slices", "mulsum"]
+        forms = ["conv", "im2col", "im2col3d", "im2col_dw", "im2col_mulsum", "slices", "mulsum"]
+        return [*forms, "channels", "channels_left"]
     if kd.g == 1:
         return ["conv", "im2col", "im2col3d", "slices", "channels", "channels_left"]
     return ["conv", "im2col", "im2col3d", "slices", "channels", "channels_left"]

@@ -22,7 +22,12 @@ where single figures scatter by 2x; ratios are the classic form's time over the 
   ``Mul`` + ``ReduceSum`` over ``(N, O)`` per kernel offset, of the input's shifted strided
   slice with ``g``; nothing of size ``K * x`` is ever materialised. 1.8-2.8x at batch 8 from
   14x14 up, 1.5-19x at batch 1, 1.0x at 7x7. The im2col below followed by per-channel
-  matrix-vector products measured 0.9-1.6x, and 0.7-2.5x as the per-group MatMul.
+  matrix-vector products measured 0.9-1.6x, and 0.7-2.5x as the per-group MatMul. Strided
+  (shufflenet's 3x3 stride-2 downsamples at batch 8): alone 0.6-0.9x (the strided Slices are
+  slow), yet the classic Conv for them measured equal inside shufflenet's whole gradient (kernel
+  time: Slice -9 ms, Conv +11 ms), so the shifts stay; one broadcasting Mul over a one-hot
+  im2col ``[N, C, K, P]`` and one ReduceSum measured 0.8-1.1x (``bench_conv_grad.py --kinds
+  dw3x3,dw3x3_s2``).
 * **Banded** (depthwise, larger kernels, static pads, last stride 1, a batch not statically 1,
   at least 24 rows ``N * O'``): :mod:`onnax.rules._conv_grad_depthwise`, one broadcasting
   MatMul over the batch and the rows per channel, the kernel band read by a Gather. convnext's
