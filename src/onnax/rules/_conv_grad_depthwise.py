@@ -28,7 +28,13 @@ offset up to 1.3x faster with ``3 T`` more; a one-hot Conv extracting the row sh
 slower (0.5-1.4x), the cotangent transposed less and the MatMul with ``transA`` alike (within
 7 %). Batch and rows in the order ``(N, O')`` instead (both operands moved by block copies, or
 a 2-D transpose of convnext's channels-last cotangent; ``transA``) measured alike alone but
-10 % slower on convnext-tiny's whole gradient.
+10 % slower on convnext-tiny's whole gradient -- measured with the channels-first cotangent; on
+convnext's own channels-last one the ``(O', N)`` order reads the cotangent fully reversed
+(``[N, H, W, C] -> [C, W, H, N]``), which onnxruntime's Transpose runs about 20x slower than a
+single axis move (172 ms of Transpose in the batch-8 gradient, 115 ms of it those). So a static
+batch takes the rows ``(N, O')`` (:func:`_batch_major`: the channel axis moved alone, the
+cotangent entering the MatMul transposed, which onnxruntime folds into its kernel; 62 ms of
+Transpose left); a run-time batch keeps ``(O', N)``, whose row index needs no batch size.
 
 :func:`banded_fits` keeps the classic Conv where the GEMMs get thin or wasteful: a static batch
 of 1 (7x7: 0.5-0.9x; the per-offset shifts 0.8-1.2x, at ``3 K`` nodes), fewer than 24 rows
