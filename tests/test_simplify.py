@@ -163,9 +163,7 @@ def test_reshape_reads_past_a_transpose_of_unit_axes() -> None:
         oh.make_node("Transpose", ["x"], ["u"], perm=[1, 0, 2, 3]),
         oh.make_node("Reshape", ["u", "s3"], ["z"]),
     ]
-    proto = model_of(
-        nodes, [("x", F32, [3, 1, 2, 4])], [("y", F32, None), ("z", F32, None)]
-    )
+    proto = model_of(nodes, [("x", F32, [3, 1, 2, 4])], [("y", F32, None), ("z", F32, None)])
     m = simplified(proto, {"x": w})
     assert ops(m) == {"Reshape": 2}
     assert all(n.inputs[0] is m.graph.inputs[0] for n in m.graph if n.op_type == "Reshape")

@@ -54,7 +54,7 @@ def _moves_one_axis(perm: list[int]) -> bool:
     axes = list(range(len(perm)))
     for src in axes:
         rest = [a for a in axes if a != src]
-        if any(rest[:dst] + [src] + rest[dst:] == perm for dst in axes):
+        if any([*rest[:dst], src, *rest[dst:]] == perm for dst in axes):
             return True
     return False
 
