@@ -149,6 +149,38 @@ def test_reshape_chain_reads_the_first_input() -> None:
     assert reshape.inputs[0] is m.graph.inputs[0]
 
 
+def test_reshape_reads_past_a_transpose_of_unit_axes() -> None:
+    # Moving axes of size 1 keeps the elements' order (the depthwise Conv's input gradient
+    # regroups its [C, 1, k] weights by Reshape, Transpose of unit axes, Reshape).
+    w = RNG.standard_normal((3, 1, 2, 4)).astype(np.float32)
+    nodes = [
+        ints("s1", [3, 1, 1, 2, 4]),
+        ints("s2", [3, 2, 4]),
+        ints("s3", [6, 4]),
+        oh.make_node("Reshape", ["x", "s1"], ["r1"]),
+        oh.make_node("Transpose", ["r1"], ["t"], perm=[0, 2, 1, 3, 4]),
+        oh.make_node("Reshape", ["t", "s2"], ["y"]),
+        oh.make_node("Transpose", ["x"], ["u"], perm=[1, 0, 2, 3]),
+        oh.make_node("Reshape", ["u", "s3"], ["z"]),
+    ]
+    proto = model_of(nodes, [("x", F32, [3, 1, 2, 4])], [("y", F32, None), ("z", F32, None)])
+    m = simplified(proto, {"x": w})
+    assert ops(m) == {"Reshape": 2}
+    assert all(n.inputs[0] is m.graph.inputs[0] for n in m.graph if n.op_type == "Reshape")
+
+
+def test_reshape_keeps_a_transpose_of_sized_axes() -> None:
+    w = RNG.standard_normal((2, 3, 1)).astype(np.float32)
+    nodes = [
+        ints("s", [6]),
+        oh.make_node("Transpose", ["x"], ["t"], perm=[1, 2, 0]),
+        oh.make_node("Reshape", ["t", "s"], ["y"]),
+    ]
+    proto = model_of(nodes, [("x", F32, [2, 3, 1])], [("y", F32, None)])
+    m = simplified(proto, {"x": w})
+    assert ops(m) == {"Transpose": 1, "Reshape": 1}
+
+
 def test_reshape_with_zero_keeps_its_producer() -> None:
     # 0 copies a dimension of the Reshape's own input: reading further up would change it.
     nodes = [

@@ -205,12 +205,25 @@ class _Sweep:
         # A reshape only reads its input's element count (but for 0 = "copy this dimension"),
         # which a reshape-like producer does not change: read past all of them (the value
         # reached may itself come from a Reshape that an earlier rewrite kept for its users).
+        # A Transpose that moves only axes of size 1 keeps the elements' order: reshape-like
+        # too (the depthwise Conv's input gradient regroups ``[C, 1, k]`` weights that way).
         while (
             up := _producer(node.inputs[0], "Reshape", "Flatten", "Squeeze", "Unsqueeze")
+            or self.unit_transpose(node.inputs[0])
         ) is not None:
             node.replace_input_with(0, up.inputs[0])
             changed = True
         return self.same_shape(node) or changed
+
+    def unit_transpose(self, value: ir.Value | None) -> ir.Node | None:
+        """The Transpose computing ``value`` when it moves only axes of static size 1."""
+        up = _producer(value, "Transpose")
+        perm = self.perm(up) if up is not None else None
+        dims = self.static_dims(up.inputs[0]) if up is not None else None
+        if up is None or perm is None or dims is None or len(perm) != len(dims):
+            return None
+        moved = [p for p in perm if dims[p] != 1]
+        return up if moved == sorted(moved) else None
 
     def same_shape(self, node: ir.Node) -> bool:
         """Removes a Reshape, Flatten, Squeeze, Unsqueeze or Expand that changes no shape."""

@@ -28,7 +28,13 @@ offset up to 1.3x faster with ``3 T`` more; a one-hot Conv extracting the row sh
 slower (0.5-1.4x), the cotangent transposed less and the MatMul with ``transA`` alike (within
 7 %). Batch and rows in the order ``(N, O')`` instead (both operands moved by block copies, or
 a 2-D transpose of convnext's channels-last cotangent; ``transA``) measured alike alone but
-10 % slower on convnext-tiny's whole gradient.
+10 % slower on convnext-tiny's whole gradient -- measured with the channels-first cotangent; on
+convnext's own channels-last one the ``(O', N)`` order reads the cotangent fully reversed
+(``[N, H, W, C] -> [C, W, H, N]``), which onnxruntime's Transpose runs about 20x slower than a
+single axis move (172 ms of Transpose in the batch-8 gradient, 115 ms of it those). So a static
+batch takes the rows ``(N, O')`` (:func:`_batch_major`: the channel axis moved alone, the
+cotangent entering the MatMul transposed, which onnxruntime folds into its kernel; 62 ms of
+Transpose left); a run-time batch keeps ``(O', N)``, whose row index needs no batch size.
 
 :func:`banded_fits` keeps the classic Conv where the GEMMs get thin or wasteful: a static batch
 of 1 (7x7: 0.5-0.9x; the per-offset shifts 0.8-1.2x, at ``3 K`` nodes), fewer than 24 rows
@@ -100,31 +106,26 @@ def banded(
     *lead_s, sw = win.strides
     *lead_d, dw = win.dilations
     wp = (wo - 1) * sw + (kw - 1) * dw + 1  # the padded width the windows cover (tight pads)
-    n = rank - 2
-    # x [N, C, D', W] padded, as [C, D', N, Wp]: the batch next to the width, so that every
-    # (row, example) is one contiguous run of the rows the Gather below picks.
-    x = _pad_or_crop(em, inp, begin, end)
-    x = em.transpose(x, [1, *range(2, rank - 1), 0, rank - 1])
-    g = em.transpose(grad, [1, rank - 1, *range(2, rank - 1), 0])  # [C, Wo, O', N]
-    left = em.op("Reshape", [g, em.ints([0, 1, wo, -1])])  # [C, 1, Wo, O'*N]
-    if n == 1:
-        taps = 1
-        right = em.unsqueeze(x, [1])  # [C, 1, N, Wp]
-    else:
+    # The padded leading sizes: the windows' span, and the unread rows not cropped.
+    lead_p = [
+        (o - 1) * s + (k - 1) * d + 1 + max(-e, 0)
+        for o, k, s, d, e in zip(lead_o, lead_k, lead_s, lead_d, end[:-1], strict=True)
+    ]
+    index = np.zeros((1, 1), np.int64)  # [T, O']: one offset, one row along a single axis
+    if lead_k:
         # Row o' of offset q' is the padded row o' * s' + q' * d' (flattened leading axes).
-        # The padded leading sizes: the windows' span, and the unread rows not cropped.
-        lead_p = [
-            (o - 1) * s + (k - 1) * d + 1 + max(-e, 0)
-            for o, k, s, d, e in zip(lead_o, lead_k, lead_s, lead_d, end[:-1], strict=True)
-        ]
-        offsets = np.array(list(itertools.product(*(range(k) for k in lead_k))))  # [T, n-1]
-        positions = np.array(list(itertools.product(*(range(o) for o in lead_o))))  # [O', n-1]
+        offsets = np.array(list(itertools.product(*(range(k) for k in lead_k))))
+        positions = np.array(list(itertools.product(*(range(o) for o in lead_o))))
         rows = offsets[:, None, :] * np.array(lead_d) + positions[None] * np.array(lead_s)
-        index = np.ravel_multi_index(tuple(np.moveaxis(rows, -1, 0)), lead_p)  # [T, O']
-        taps = index.shape[0]
-        flat_x = x if n == 2 else em.op("Reshape", [x, em.ints([0, int(np.prod(lead_p)), -1, wp])])
-        picked = em.op("Gather", [flat_x, em.const(index.astype(np.int64))], {"axis": 1})
-        right = em.op("Reshape", [picked, em.ints([0, taps, -1, wp])])  # [C, T, O'*N, Wp]
+        index = np.ravel_multi_index(tuple(np.moveaxis(rows, -1, 0)), lead_p)
+    taps = index.shape[0]
+    x = _pad_or_crop(em, inp, begin, end)
+    dims = inp.shape.dims if inp.shape is not None else []
+    batch = dims[0] if dims and isinstance(dims[0], int) else None
+    if batch is not None:
+        left, right = _batch_major(em, x, grad, index, batch, int(np.prod(lead_p)), wo, wp, rank)
+    else:
+        left, right = _row_major(em, x, grad, index, lead_p, wo, wp, rank)
     product = em.op("MatMul", [left, right])  # [C, T, Wo, Wp]
     flat = em.op("Reshape", [product, em.ints([0, -1])])  # [C, T*Wo*Wp]
     # B[c, t, w, w*s + j*d] sits at t*Wo*Wp + w*Wp + w*s + j*d of the flattened product; the
@@ -135,6 +136,63 @@ def banded(
     band_index = (t_ * wo * wp + w_ * (wp + sw) + j_ * dw).reshape(1, *lead_k, wo, kw)
     band = em.op("Gather", [flat, em.const(band_index.astype(np.int64))], {"axis": 1})
     return em.reduce_sum(band, [rank - 1], keepdims=False)  # [C, 1, k', kw]
+
+
+def _batch_major(
+    em: Emitter,
+    x: ir.Value,
+    grad: ir.Value,
+    index: np.ndarray,
+    batch: int,
+    plane: int,
+    wo: int,
+    wp: int,
+    rank: int,
+) -> tuple[ir.Value, ir.Value]:
+    """The product's operands with rows ``(N, O')``, for a static batch.
+
+    Both operands move the channel axis alone to the front (onnxruntime copies that fast: on
+    convnext's channels-last cotangent it composes into a channels-last to channels-first
+    move), and the cotangent enters the product transposed (``[C, 1, Wo, N*O']``, a
+    transposed operand onnxruntime folds into its MatMul). The ``(O', N)`` order instead reads
+    the channels-last cotangent fully reversed, a transpose onnxruntime runs 20x slower than
+    a single axis move (20 ms of convnext-tiny's batch-8 gradient per block of stage 0).
+    """
+    perm = [1, 0, *range(2, rank)]
+    g = em.op("Reshape", [em.transpose(grad, perm), em.ints([0, 1, -1, wo])])  # [C,1,N*O',Wo]
+    left = em.transpose(g, [0, 1, 3, 2])  # [C, 1, Wo, N*O']
+    x = em.transpose(x, perm)  # [C, N, P', Wp]
+    if rank == 3:
+        return left, em.unsqueeze(x, [1])  # [C, 1, N, Wp]
+    flat_x = em.op("Reshape", [x, em.ints([0, -1, wp])])  # [C, N*P', Wp]
+    rows = np.arange(batch).reshape(1, batch, 1) * plane + index[:, None, :]  # [T, N, O']
+    rows = rows.reshape(index.shape[0], -1).astype(np.int64)
+    return left, em.op("Gather", [flat_x, em.const(rows)], {"axis": 1})  # [C, T, N*O', Wp]
+
+
+def _row_major(
+    em: Emitter,
+    x: ir.Value,
+    grad: ir.Value,
+    index: np.ndarray,
+    lead_p: list[int],
+    wo: int,
+    wp: int,
+    rank: int,
+) -> tuple[ir.Value, ir.Value]:
+    """The product's operands with rows ``(O', N)``: no index depends on a run-time batch."""
+    n = rank - 2
+    # x as [C, D', N, Wp]: the batch next to the width, so that every (row, example) is one
+    # contiguous run of the rows the Gather below picks.
+    x = em.transpose(x, [1, *range(2, rank - 1), 0, rank - 1])
+    g = em.transpose(grad, [1, rank - 1, *range(2, rank - 1), 0])  # [C, Wo, O', N]
+    left = em.op("Reshape", [g, em.ints([0, 1, wo, -1])])  # [C, 1, Wo, O'*N]
+    if n == 1:
+        return left, em.unsqueeze(x, [1])  # [C, 1, N, Wp]
+    taps = index.shape[0]
+    flat_x = x if n == 2 else em.op("Reshape", [x, em.ints([0, int(np.prod(lead_p)), -1, wp])])
+    picked = em.op("Gather", [flat_x, em.const(index.astype(np.int64))], {"axis": 1})
+    return left, em.op("Reshape", [picked, em.ints([0, taps, -1, wp])])  # [C, T, O'*N, Wp]
 
 
 def _pad_or_crop(em: Emitter, x: ir.Value, begin: list[int], end: list[int]) -> ir.Value:
