@@ -5,6 +5,7 @@ from __future__ import annotations
 import glob
 import os
 
+import numpy as np
 import onnx_ir as ir
 import onnx_ir.passes.common as common
 import pytest
@@ -89,7 +90,8 @@ def test_sort_graph_is_onnx_irs() -> None:
 
 # Duplicates of every kind CSE meets: chains that merge only once their inputs merged, a
 # duplicate graph output whose twin is an output too (an Identity keeps it) or a plain value
-# (the twin takes the output's name), equal small Constants, a big Constant and random nodes
+# (the twin takes the output's name), equal small Constants, 11-element ones (apart under onnx_ir's
+# size limit, merged under ours) and random nodes
 # that must stay, attribute lists compared by value, and an If that is never merged.
 DUPLICATES = """
 <ir_version: 8, opset_import: ["" : 18]>
@@ -140,7 +142,7 @@ def test_cse_is_onnx_irs(name: str, model: ir.Model) -> None:
     reference = ir.from_proto(ir.to_proto(model))
     ours = ir.from_proto(ir.to_proto(model))
     expected = common.CommonSubexpressionEliminationPass()(reference)
-    modified = cse.eliminate_common_subexpressions(ours.graph)
+    modified = cse.eliminate_common_subexpressions(ours.graph, size_limit=10)  # onnx_ir's limit
     assert modified == expected.modified
     assert _bytes(ours) == _bytes(reference)
 
@@ -158,6 +160,41 @@ def test_the_cse_example_has_something_to_merge() -> None:
     assert after["Sin"] == after["Mul"] == after["Cos"] == 1
     assert after["Exp"] == 1 and after["Identity"] == 1  # y2 is y1, kept apart by an Identity
     assert after["Transpose"] == 2  # t1 = t2 merged, the transpose of t1 stays
-    assert after["Constant"] == 3  # the two ones merged, the big ones not
+    # the ones merged, and the 11-element ones too (onnx_ir's limit keeps them apart, ours not)
+    assert after["Constant"] == 2
     assert after["RandomUniformLike"] == 2 and after["If"] == 2
     assert [v.name for v in model.graph.outputs] == ["y1", "y2", "z2", "t2", "k1", "k2"]
+
+
+def _constants_model(a: np.ndarray, b: np.ndarray) -> ir.Model:
+    """y = (x + a) * (x + b), a and b as Constant nodes."""
+    x = ir.Value(name="x", type=ir.TensorType(ir.DataType.FLOAT), shape=ir.Shape(a.shape))
+    ca = ir.node("Constant", [], {"value": ir.tensor(a)})
+    cb = ir.node("Constant", [], {"value": ir.tensor(b)})
+    sa = ir.node("Add", [x, ca.outputs[0]])
+    sb = ir.node("Add", [x, cb.outputs[0]])
+    y = ir.node("Mul", [sa.outputs[0], sb.outputs[0]])
+    y.outputs[0].name = "y"
+    graph = ir.Graph([x], [y.outputs[0]], nodes=[ca, cb, sa, sb, y], opset_imports={"": 17})
+    return ir.Model(graph, ir_version=8)
+
+
+@pytest.mark.parametrize("size", [11, 1000, cse.SIZE_LIMIT])
+def test_cse_merges_equal_constants_beyond_onnx_irs_limit(size: int) -> None:
+    # A second transform re-emits the first one's constants; equal ones must merge, and so
+    # must what is computed from them (here the two Adds).
+    a = np.arange(size, dtype=np.float32)
+    model = _constants_model(a, a.copy())
+    assert cse.eliminate_common_subexpressions(model.graph)
+    assert [n.op_type for n in model.graph] == ["Constant", "Add", "Mul"]
+
+
+def test_cse_keeps_constants_that_differ_or_are_too_large() -> None:
+    a = np.arange(1000, dtype=np.float32)
+    b = a.copy()
+    b[-1] += 1  # one element differs
+    model = _constants_model(a, b)
+    assert not cse.eliminate_common_subexpressions(model.graph)
+    big = np.zeros(cse.SIZE_LIMIT + 1, np.float32)
+    model = _constants_model(big, big.copy())
+    assert not cse.eliminate_common_subexpressions(model.graph)

@@ -5,7 +5,8 @@ onnx_ir's ``CommonSubexpressionEliminationPass`` removes each duplicate with its
 gradient w.r.t. every weight has thousands of outputs and CSE finds thousands of duplicates,
 so the pass was quadratic (a fifth of a grad at 30k nodes). :func:`eliminate_common_subexpressions`
 does what that pass does, node for node and in the same order, but detaches each duplicate at
-once and removes them all in one call at the end: the model it leaves is the same.
+once and removes them all in one call at the end, and it compares larger constants
+(:data:`SIZE_LIMIT`); with onnx_ir's size limit the model it leaves is the same.
 """
 
 from __future__ import annotations
@@ -53,7 +54,15 @@ def _key(node: ir.Node, size_limit: int) -> _Key | None:
     )
 
 
-def eliminate_common_subexpressions(graph: ir.Graph, size_limit: int = 10) -> bool:
+# onnx_ir compares tensors of up to 10 elements. A second transform re-emits the first one's
+# constants (MaxPool backward's tap kernel [C*9, 1, 3, 3] and window offsets, im2col kernels),
+# and equal computations on two copies of them never merged: jvp(grad) of squeezenet ran
+# MaxPool's index chain twice (10 % of its time). Comparing up to 64 Ki elements (256 KiB of
+# float32, hashed once per pass) merges those and still leaves weights stored as Constants alone.
+SIZE_LIMIT = 1 << 16
+
+
+def eliminate_common_subexpressions(graph: ir.Graph, size_limit: int = SIZE_LIMIT) -> bool:
     """onnx_ir's CSE on ``graph`` (not its subgraphs), removing the duplicates in one call.
 
     Args:
