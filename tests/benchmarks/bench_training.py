@@ -19,9 +19,9 @@ loss ``sum(y * r)`` of its references), which needs no torch.
 Per model and batch it prints, all at one onnxruntime thread, medians over interleaved rounds:
 
 * primal time, and each derivative's time over the primal's: ``grad_all`` (the loss w.r.t.
-  every float initializer and the input), ``grad_in`` (w.r.t. the input), ``vjp`` (of ``y``
-  w.r.t. the input), ``jvp_grad`` (forward over reverse w.r.t. the input: a Hessian-vector
-  product) and ``vmap_grad`` (per-example gradients of every weight: vmap of the batch-1 model's
+  every float initializer but BatchNormalization's running statistics, and the input),
+  ``grad_in`` (w.r.t. the input), ``vjp`` (of ``y`` w.r.t. the input), ``jvp_grad`` (forward
+  over reverse w.r.t. the input: a Hessian-vector product) and ``vmap_grad`` (per-example gradients of every weight: vmap of the batch-1 model's
   grad over the batch);
 * node counts of the primal and of each derivative;
 * the floor of ``grad_all``: Conv, Gemm and MatMul take a share ``s`` of the primal's kernel
@@ -97,13 +97,24 @@ def _count(model: ir.Model) -> int:
     return sum(1 for g in model.graphs() for _ in g)
 
 
+def _running_statistic(value: ir.Value) -> bool:
+    """Whether every use of ``value`` is as a BatchNormalization's running mean or variance."""
+    uses = value.uses()
+    return bool(uses) and all(
+        use.node.op_type == "BatchNormalization" and use.idx in (3, 4) for use in uses
+    )
+
+
 def _float_initializers(model: ir.Model) -> list[str]:
+    """The weights a training step updates: float initializers but BatchNormalization's running
+    statistics (buffers, not parameters, in PyTorch, whose backward it is compared with)."""
     return [
         name
         for name, v in model.graph.initializers.items()
         if v.dtype in (ir.DataType.FLOAT, ir.DataType.DOUBLE, ir.DataType.FLOAT16)
         and v.const_value is not None
         and v.const_value.size > 1
+        and not _running_statistic(v)
     ]
 
 
