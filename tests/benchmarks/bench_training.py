@@ -21,8 +21,8 @@ Per model and batch it prints, all at one onnxruntime thread, medians over inter
 * primal time, and each derivative's time over the primal's: ``grad_all`` (the loss w.r.t.
   every float initializer but BatchNormalization's running statistics, and the input),
   ``grad_in`` (w.r.t. the input), ``vjp`` (of ``y`` w.r.t. the input), ``jvp_grad`` (forward
-  over reverse w.r.t. the input: a Hessian-vector product) and ``vmap_grad`` (per-example gradients of every weight: vmap of the batch-1 model's
-  grad over the batch);
+  over reverse w.r.t. the input: a Hessian-vector product) and ``vmap_grad`` (per-example
+  gradients of every weight: vmap of the batch-1 model's grad over the batch);
 * node counts of the primal and of each derivative;
 * the floor of ``grad_all``: Conv, Gemm and MatMul take a share ``s`` of the primal's kernel
   time (onnxruntime's profiler), and the weight and the input gradients each run products of
