@@ -322,6 +322,32 @@ def test_vmap_operands(name: str, in_axes: dict[str, int]) -> None:
     check_vmap(model, case.feeds(model), in_axes=in_axes)
 
 
+# Kernels with more offsets than the output has positions, as the weight-gradient Conv of a
+# batch-1 gradient has (the cotangent is the kernel): vmap extracts windows by output offset.
+LARGE_KERNELS = [
+    _conv("large_kernel_2d", "N, 2, 9, 8", "3, 2, 7, 6", "N, 3, 6, 5", "pads=[1, 1, 2, 1]"),
+    _conv("large_kernel_1d_groups", "N, 4, 12", "2, 2, 10", "N, 2, 3", "group=2"),
+    _conv("large_kernel_valid", "N, 1, 6, 6", "2, 1, 5, 4", "N, 2, 2, 3", 'auto_pad="VALID"'),
+]
+
+
+@pytest.mark.parametrize("in_axes", [{"W": 0}, {"X": 0, "W": 0}, {"X": 1, "W": 0}], ids=str)
+@pytest.mark.parametrize("case", LARGE_KERNELS, ids=lambda c: c.name)
+def test_vmap_batched_weight_larger_than_its_output(case: Case, in_axes: dict[str, int]) -> None:
+    model = case.model("float", 13)
+    check_vmap(model, case.feeds(model), in_axes=in_axes)
+    vm = onnax.vmap(model, in_axes=in_axes)
+    w, y = (v.shape for v in (model.graph.inputs[1], model.graph.outputs[0]))
+    assert w is not None and y is not None
+    kernel, out = (int(np.prod(s.dims[2:])) for s in (w, y))
+    taps = [  # the one-hot extraction kernel has the output's Of taps, not the kernel's K
+        int(np.prod(n.inputs[1].shape.dims[2:]))  # type: ignore[union-attr]
+        for n in vm.graph
+        if n.op_type == "Conv" and n.inputs[1] is not None and n.inputs[1].const_value is not None
+    ]
+    assert taps == [out] and out < kernel, (taps, out, kernel)
+
+
 def test_vmap_batched_weight_needs_a_static_kernel() -> None:
     case = next(c for c in CASES if c.name == "conv1d_symbolic_kernel")
     with pytest.raises(onnax.errors.UnsupportedOperatorError) as info:

@@ -34,7 +34,10 @@ run time, so batched weights use an explicit im2col instead: a Conv with a one-h
 ``[K, 1, k]`` (K = prod(k)) extracts the K window elements of every position of every channel
 (``X`` folded to ``[B*N*C, 1, D]``, so the channel count need not be static), a broadcasting
 ``MatMul`` contracts them with each example's weight per group, and a Reshape restores the
-layout. ConvTranspose with a batched weight is the mirror image: a MatMul produces the K
+layout. Where the kernel has more offsets than the output has positions (unit strides, static
+output: the weight-gradient Conv of a batch-1 gradient, whose kernel is a cotangent), the same
+window elements are extracted by output offset instead, a one-hot kernel of the output's size
+on the padded input. ConvTranspose with a batched weight is the mirror image: a MatMul produces the K
 contributions of every input position, and a ConvTranspose with the one-hot kernel (col2im)
 scatters them with the node's own geometry. This costs K times the memory of the input, but
 neither loops nor a static batch size. A batched bias is added after the operator.
@@ -295,6 +298,27 @@ def _one_hot_kernel(kernel: Sequence[int], dtype: ir.DataType) -> np.ndarray:
     return np.eye(size, dtype=dtype.numpy()).reshape(size, 1, *kernel)
 
 
+def _by_output_offset(node: ir.Node, kernel: Sequence[int], n: int) -> list[int] | None:
+    """The static output size of a Conv whose kernel outnumbers its output positions, or None.
+
+    Only for unit strides, no dilation and explicit (or no) pads. A one-hot im2col costs a Conv of K = prod(kernel) taps: for the weight-gradient Conv of
+    a batch-1 gradient (the kernel a 56x56 cotangent, the output the 7x7 weight) that was
+    3136 taps, and vmap of such a gradient ran 60x its primal.
+    """
+    if any(s != 1 for s in ints_attr(node, "strides") or [1] * n):
+        return None
+    if any(d != 1 for d in ints_attr(node, "dilations") or [1] * n):
+        return None
+    if node.attributes.get_string("auto_pad", "NOTSET") not in ("NOTSET", "VALID"):
+        return None
+    y0 = node.outputs[0]
+    dims = y0.shape.dims[2:] if y0.shape is not None else None
+    if dims is None or len(dims) != n or not all(isinstance(d, int) for d in dims):
+        return None
+    out = [int(d) for d in dims]  # type: ignore[arg-type]
+    return out if int(np.prod(out)) < int(np.prod(kernel)) else None
+
+
 def _geometry_attrs(node: ir.Node) -> dict[str, object]:
     """The node's attributes without the channel structure (group)."""
     return attributes_of(node, group=None)
@@ -323,11 +347,24 @@ def _conv_batched_weight(
     # Every channel of every example on its own: [(B)*N*C, 1, D] -> [(B)*N*C, K, O].
     spatial = example_dims(bx, x, x0, range(2, rank)) if fx else spatial_dims(bx, x, rank)
     single = bx.op("Reshape", [x, int_vector(bx, [-1, 1, *spatial])])
-    attrs = {**_geometry_attrs(node), "kernel_shape": kernel}
-    patches = bx.op("Conv", [single, bx.const(_one_hot_kernel(kernel, dtype))], attrs)
-    out_spatial = shape_tail(bx, patches, 2)
-    flat = bx.op("Reshape", [patches, bx.ints([0, 0, -1])])  # [BNC, K, Of]
-    flat = bx.transpose(flat, [2, 0, 1])  # [Of, BNC, K]
+    by_output = _by_output_offset(node, kernel, n)
+    if by_output is None:
+        attrs = {**_geometry_attrs(node), "kernel_shape": kernel}
+        patches = bx.op("Conv", [single, bx.const(_one_hot_kernel(kernel, dtype))], attrs)
+        out_spatial = shape_tail(bx, patches, 2)
+        flat = bx.op("Reshape", [patches, bx.ints([0, 0, -1])])  # [BNC, K, Of]
+        flat = bx.transpose(flat, [2, 0, 1])  # [Of, BNC, K]
+    else:
+        # A kernel larger than its output (the classic weight-gradient Conv, whose kernel is a
+        # cotangent): x_pad[o + q] read by output offset o instead, a one-hot kernel of Of
+        # taps (not K) whose output positions are the kernel offsets q.
+        pads = ints_attr(node, "pads") or [0] * (2 * n)
+        if any(pads):
+            single = bx.op("Pad", [single, bx.ints([0, 0, *pads[:n], 0, 0, *pads[n:]])])
+        windows = bx.op("Conv", [single, bx.const(_one_hot_kernel(by_output, dtype))])
+        flat = bx.op("Reshape", [windows, bx.ints([0, 0, -1])])  # [BNC, Of, K]
+        flat = bx.transpose(flat, [1, 0, 2])  # [Of, BNC, K]
+        out_spatial = bx.ints(by_output)
     lead = example_dims(bx, x, x0, [0]) if fx else dims_of(bx, x, [0])
     batch: list[Param] = [bx.batch_size] if fx else [1]
     p = bx.op("Reshape", [flat, int_vector(bx, [0, *batch, *lead, g, -1])])  # [Of, B|1, N, g, CgK]
