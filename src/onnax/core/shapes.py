@@ -15,7 +15,7 @@ import onnx_ir as ir
 
 from onnax.core.emit import Emitter, InternalRuleError
 
-__all__ = ["ShapeOracle", "broadcast_to", "dims_key", "same_shape", "unbroadcast"]
+__all__ = ["ShapeOracle", "broadcast_to", "dims_key", "expand_input", "same_shape", "unbroadcast"]
 
 
 def dims_key(shape: ir.Shape | None) -> tuple[object, ...] | None:
@@ -37,6 +37,20 @@ def same_shape(a: ir.Value, b: ir.Value) -> bool:
     """True when both shapes are known and provably equal."""
     ka, kb = dims_key(a.shape), dims_key(b.shape)
     return ka is not None and ka == kb
+
+
+def expand_input(ct: ir.Value) -> ir.Value | None:
+    """The input ``r`` of a cotangent computed as ``Expand(r, shape)``, else None.
+
+    A reduction's transpose (the row sums of LayerNorm, Softmax and ReduceMean backward) hands
+    back ``Expand(r, shape)``, a full-size pass over memory. Where the cotangent meets a
+    full-size operand that broadcasts ``r`` anyway (a product, or the sum with another
+    cotangent), ``r`` can take its place and the Expand is left for dead-code removal.
+    """
+    producer = ct.producer()
+    if producer is None or producer.op_type != "Expand" or producer.domain != "":
+        return None
+    return producer.inputs[0]
 
 
 def _require_shape(value: ir.Value, what: str) -> ir.Shape:

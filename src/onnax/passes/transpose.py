@@ -22,7 +22,7 @@ import onnx_ir as ir
 from onnax.core.emit import InternalRuleError
 from onnax.core.inference import infer_shapes
 from onnax.core.registry import transpose_rules
-from onnax.core.shapes import ShapeOracle, dims_key
+from onnax.core.shapes import ShapeOracle, dims_key, expand_input
 from onnax.core.subgraphs import (
     TAKEN,
     BodyHooks,
@@ -127,9 +127,11 @@ def transpose_graph(
         if previous is None:
             cotangent[value] = ct
             return
-        if _expanded(previous) is not None and _expanded(ct) is None:
+        # Add the Expanded term unexpanded: the other one has the value's shape (the transpose
+        # contract) and broadcasts it (see expand_input).
+        if expand_input(previous) is not None and expand_input(ct) is None:
             previous, ct = ct, previous
-        small = _expanded(ct)
+        small = expand_input(ct)
         if small is None or not _full_size(previous, value):
             small = ct
         cotangent[value] = em.op("Add", [previous, small])
@@ -168,20 +170,6 @@ def transpose_graph(
     graph.extend(em.take())
     _remove_linear(graph, lin)
     return results
-
-
-def _expanded(ct: ir.Value) -> ir.Value | None:
-    """The input ``r`` of a cotangent ``Expand(r, shape)``, else None.
-
-    A reduction's transpose (the row sums of LayerNorm, Softmax and ReduceMean backward) hands
-    back ``Expand(r, shape)``, a full-size pass over memory. Added to another cotangent of the
-    same value, which has the value's shape too (the transpose contract), ``Add`` broadcasts
-    ``r`` to the same tensor, so the Expand is left for dead-code removal.
-    """
-    producer = ct.producer()
-    if producer is None or producer.op_type != "Expand" or producer.domain != "":
-        return None
-    return producer.inputs[0]
 
 
 def _full_size(ct: ir.Value, value: ir.Value) -> bool:

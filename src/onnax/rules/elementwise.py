@@ -25,7 +25,7 @@ from onnax.core.diagnostics import node_label, op_label
 from onnax.core.emit import Emitter, InternalRuleError
 from onnax.core.registry import Args, BatchResult, OpRules, Tangents
 from onnax.core.selection import FLOAT_TYPES
-from onnax.core.shapes import broadcast_to, same_shape, unbroadcast
+from onnax.core.shapes import broadcast_to, expand_input, same_shape, unbroadcast
 from onnax.core.static import constant_of
 from onnax.errors import UnsupportedOperatorError
 from onnax.rules._gelu import gelu_tangent
@@ -76,16 +76,11 @@ def _add_sub_transpose(
 def _unexpanded(ct: ir.Value, other: ir.Value, y: ir.Value) -> ir.Value:
     """The cotangent ``ct`` of ``y`` before an ``Expand``, when ``other`` broadcasts it anyway.
 
-    A reduction's transpose (the row sums of Softmax, LayerNorm and ReduceMean backward) hands
-    back ``Expand(r, shape)``, a full-size pass over memory; when the primal operand ``other``
-    already has the result's shape, the product broadcasts ``r`` to the same tensor, so the
-    Expand is left for dead-code removal. ``ct`` has ``y``'s shape (the transpose contract),
-    so ``Expand(r) == broadcast(r, shape(other))`` element for element.
+    ``other`` has the result's shape, so the product broadcasts the Expand's input to the same
+    tensor (:func:`~onnax.core.shapes.expand_input`): ``ct`` has ``y``'s shape (the transpose
+    contract), so ``Expand(r) == broadcast(r, shape(other))`` element for element.
     """
-    producer = ct.producer()
-    if producer is None or producer.op_type != "Expand" or producer.domain != "":
-        return ct
-    r = producer.inputs[0]
+    r = expand_input(ct)
     if r is None or not same_shape(other, y):
         return ct
     return r
