@@ -449,3 +449,17 @@ def _with_sum(model: ir.Model) -> ir.Model:
     total.outputs[0].shape = ir.Shape([])
     model.graph.outputs.append(total.outputs[0])
     return model
+
+
+@pytest.mark.parametrize("group", [1, 2])
+def test_batch_norm_factor_stays_on_the_cotangent_when_the_weight_gradient_reads_it(
+    group: int,
+) -> None:
+    """With the Conv's weight differentiated too, its gradient reads the scaled cotangent, so
+    the factor is not also folded into the weight (that only added a Reshape and a Mul per
+    Conv). Both gradients checked against differences."""
+    model = _conv_bn_conv(group)
+    feeds = {"x": np.random.default_rng(8).standard_normal((2, 4, 7, 6)).astype(np.float32)}
+    vm = check_vjp(model, feeds, ["x", "w1"])
+    check_adjoint(model, feeds, ["x", "w1"])
+    assert not [n for n in vm.graph if n.op_type == "Mul" and any(i.name == "w1" for i in n.inputs)]

@@ -138,6 +138,11 @@ def _fold_channel_scale(em: Emitter, ct: ir.Value, w: ir.Value) -> tuple[ir.Valu
     """
     mul = ct.producer()
     w_dims = w.shape.dims if w.shape is not None else None
+    if ct.uses():
+        # Something already reads the scaled cotangent (the weight's gradient: the linear
+        # graph has one Conv per tangent, transposed separately), so it is computed anyway
+        # and folding would only add a Reshape and a Mul.
+        return ct, w
     if mul is None or mul.op_type != "Mul" or mul.domain not in ("", "ai.onnx") or not w_dims:
         return ct, w
     channels = w_dims[0]
