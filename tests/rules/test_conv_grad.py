@@ -238,9 +238,21 @@ STATIC_ONE = [
         c.name + "_static1", c.text.replace("[N, ", "[1, "), c.opsets, dims=c.dims, dtypes=c.dtypes
     )
     for c in CASES
-    if c.name in ("im2col_3x3", "im2col_grouped_strided_dilated", "convT_im2col_groups")
+    if c.name
+    in (
+        "im2col_3x3",
+        "im2col_grouped_strided_dilated",
+        "convT_im2col_groups",
+        "pw_stride1",
+        "pw_groups_strided_tail",
+        "pw_1d_symbolic",
+        "pw_3d",
+        "im2col_1d",
+        "im2col_3d",
+    )
 ]
-"""A batch of statically one example: the channels-major im2col moves no data (Reshapes)."""
+"""A batch of statically one example: the channels-major im2col moves no data (Reshapes), the
+per-example products need no sum over the batch."""
 
 
 @pytest.mark.parametrize(
@@ -309,6 +321,26 @@ def test_form_chosen(name: str, form: str) -> None:
     # The shifts form: one Mul and one ReduceSum per kernel element, no MatMul or Conv.
     shifts = ops["ReduceSum"] == taps == ops["Mul"] and not ops["MatMul"]
     assert shifts == (form == "shifts"), ops
+
+
+@pytest.mark.parametrize(
+    ("name", "product"),
+    [
+        ("pw_stride1_static1", "Gemm"),
+        ("pw_3d_static1", "Gemm"),
+        ("pw_groups_strided_tail_static1", "MatMul"),
+        ("im2col_1d_static1", "Gemm"),
+        ("im2col_3d_static1", "Gemm"),
+    ],
+)
+def test_single_example_products_are_not_summed(name: str, product: str) -> None:
+    """With a static batch of one the product over the positions is the whole weight gradient:
+    one Gemm (one group; the transposed operand read in place) or one batched MatMul over the
+    groups, and no ReduceSum over the unit batch axis after it."""
+    case = next(c for c in STATIC_ONE if c.name == name)
+    ops = _weight_gradient_ops(case)
+    assert ops[product] == 1 and ops["MatMul"] + ops["Gemm"] == 1, ops
+    assert ops["ReduceSum"] == 0, ops
 
 
 @pytest.mark.parametrize("batch", ["N", "1"])

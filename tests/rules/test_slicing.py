@@ -31,6 +31,12 @@ CONCAT_SPLIT = [
         opsets=(11, 13),
     ),
     Case(
+        # One input: a copy, its cotangent passed through.
+        "concat_single",
+        "g ({T}[N, 2] A) => ({T}[N, 2] Y) { B = Sin (A) Y = Concat <axis = 1> (B) }",
+        opsets=(11, 13),
+    ),
+    Case(
         # Only B carries a derivative: A and C get zeros in forward mode and no cotangent.
         "concat_partial",
         "g ({T}[N, 2] A, {T}[N, 3] B, {T}[N, 1] C) => ({T}[N, 6] Y) { Y = Concat <axis = -1> (A, B, C) }",
@@ -171,6 +177,13 @@ def test_split_one_output_selected() -> None:
     feeds = {"X": np.random.default_rng(0).standard_normal((3, 7))}
     check_vjp(m, feeds, outputs=["Y1"])
     check_adjoint(m, feeds, outputs=["Y1"])
+
+
+def test_single_input_concat_transposes_to_nothing() -> None:
+    """A one-input Concat is a copy: reverse mode passes its cotangent on, no Slice copies it."""
+    m = next(c for c in CONCAT_SPLIT if c.name == "concat_single").model("double", 13)
+    ops = [n.op_type for n in onnax.vjp(m).graph]
+    assert "Slice" not in ops and ops.count("Concat") == 1, ops  # the primal's
 
 
 def test_static_slice_transposes_to_pad() -> None:

@@ -150,7 +150,7 @@ def weight_gradient(
     form = choose_form(win, weight, inp_like, group, rank)
     kernel = [k for k in win.kernel if isinstance(k, int)]
     if form == "pointwise":
-        return _pointwise(em, inp, grad, weight, win, group, rank)
+        return _pointwise(em, inp, inp_like, grad, weight, win, group, rank)
     if form == "depthwise":
         return _depthwise_shifts(em, inp, grad, win, kernel, rank)
     if form == "banded":
@@ -213,31 +213,47 @@ def _contract(
     grad: ir.Value,
     weight: ir.Value,
     group: int,
-    tail: list[Param],
+    tail: list[int],
+    single: bool,
 ) -> ir.Value:
     """``sum_n g[n] @ cols[n]ᵀ`` per group, reshaped to ``[M, Cg, *tail]``.
 
     ``cols`` is reshaped to ``layout``: ``[N, Cg * T, P]`` (one group) or ``[N, g, Cg * T,
     P]``, with ``T = prod(tail)`` columns per input channel; ``grad`` is ``[N, M, O]``.
+    ``single``: the batch is statically 1.
     """
+    mg, cg = _group_dims(em, weight, group)
+    if single:
+        # One example: the sum over the batch has one term, so no ReduceSum over a unit axis;
+        # one group is one Gemm, the transposed right operand read in place.
+        width = size_mul(em, cg, int(np.prod(tail)))
+        if group == 1:
+            rows = em.op("Reshape", [grad, int_vector(em, [mg, -1])])  # [M, P]
+            columns = em.op("Reshape", [cols, int_vector(em, [width, -1])])  # [Cg*T, P]
+            product = em.op("Gemm", [rows, columns], {"transB": 1})  # [M, Cg*T]
+        else:
+            rows = em.op("Reshape", [grad, int_vector(em, [group, mg, -1])])  # [g, Mg, P]
+            columns = em.op("Reshape", [cols, int_vector(em, [group, width, -1])])
+            # onnxruntime fuses the Transpose of the last two axes into the MatMul.
+            product = em.op("MatMul", [rows, em.transpose(columns, [0, 2, 1])])
+        return em.op("Reshape", [product, int_vector(em, [-1, cg, *tail])])
     columns = em.op("Reshape", [cols, int_vector(em, layout)])
     if group == 1:
         rows = em.op("Reshape", [grad, em.ints([0, 0, -1])])  # [N, M, P]
     else:
-        mg, _ = _group_dims(em, weight, group)
         rows = em.op("Reshape", [grad, int_vector(em, [0, group, mg, -1])])  # [N, g, Mg, P]
     last = 3 if group == 1 else 4
     swap = [*range(last - 2), last - 1, last - 2]
     # onnxruntime fuses the Transpose of the last two axes into the MatMul (FusedMatMul).
     product = em.op("MatMul", [rows, em.transpose(columns, swap)])  # [N, (g,) Mg, Cg*T]
     summed = em.reduce_sum(product, [0], keepdims=False)
-    _, cg = _group_dims(em, weight, group)
     return em.op("Reshape", [summed, int_vector(em, [-1, cg, *tail])])
 
 
 def _pointwise(
     em: Emitter,
     inp: ir.Value,
+    inp_like: ir.Value,
     grad: ir.Value,
     weight: ir.Value,
     win: Window,
@@ -265,7 +281,7 @@ def _pointwise(
         layout: list[Param] = [0, 0, -1]  # [N, C, P]
     else:
         layout = [0, group, _group_dims(em, weight, group)[1], -1]  # [N, g, Cg, P]
-    return _contract(em, x, layout, grad, weight, group, [1] * n)
+    return _contract(em, x, layout, grad, weight, group, [1] * n, _single_example(inp_like))
 
 
 def _im2col(
@@ -295,7 +311,7 @@ def _im2col(
     else:
         cg = _group_dims(em, weight, group)[1]
         layout = [n, group, size_mul(em, cg, size), -1]  # [N, g, Cg*K, P]
-    return _contract(em, cols, layout, grad, weight, group, list(kernel))
+    return _contract(em, cols, layout, grad, weight, group, list(kernel), _single_example(inp_like))
 
 
 def _im2col_channels_major(

@@ -78,6 +78,9 @@ def _concat_transpose(
 ) -> list[ir.Value | None]:
     ct = cts[0]
     assert ct is not None
+    if len(node.inputs) == 1:
+        # A one-input Concat is a copy: its cotangent passes through (a Slice would copy it).
+        return [ct if linear[0] else None]
     axis = int_attr(node, "axis", 0)
     if axis < 0:
         # A non-negative axis needs no rank (unknown after a Squeeze without axes, say).
