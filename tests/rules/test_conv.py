@@ -14,6 +14,7 @@ import pytest
 from onnx import helper, numpy_helper
 
 import onnax
+import onnax.passes.linearize as linearize_module
 from cases import Case, case_id, parametrize, run_case, run_vmap_case
 from oracles import check_adjoint, check_jvp, check_vjp, check_vmap
 from rules.test_gather import vmap_params, vmapped_feeds
@@ -425,9 +426,13 @@ def _conv_bn_conv(group: int) -> ir.Model:
 
 
 @pytest.mark.parametrize("group", [1, 2])
-def test_batch_norm_factor_moves_into_the_conv_weight_in_reverse_mode(group: int) -> None:
+def test_batch_norm_factor_moves_into_the_conv_weight_in_reverse_mode(
+    group: int, monkeypatch: pytest.MonkeyPatch
+) -> None:
     """The cotangent is not scaled by BatchNormalization's factor before the Conv's transpose:
-    the factor multiplies the (constant) weight instead. Checked against differences."""
+    the factor multiplies the (constant) weight instead. Checked against differences. (The
+    rules' own path: the pair is not folded into one Conv first, see test_fold_batchnorm.)"""
+    monkeypatch.setattr(linearize_module, "fold_batch_norms", lambda *args: 0)
     model = _conv_bn_conv(group)
     feeds = {"x": np.random.default_rng(8).standard_normal((2, 4, 7, 6)).astype(np.float32)}
     vm = check_vjp(model, feeds, ["x"])
@@ -453,11 +458,12 @@ def _with_sum(model: ir.Model) -> ir.Model:
 
 @pytest.mark.parametrize("group", [1, 2])
 def test_batch_norm_factor_stays_on_the_cotangent_when_the_weight_gradient_reads_it(
-    group: int,
+    group: int, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """With the Conv's weight differentiated too, its gradient reads the scaled cotangent, so
     the factor is not also folded into the weight (that only added a Reshape and a Mul per
-    Conv). Both gradients checked against differences."""
+    Conv). Both gradients checked against differences. (The rules' own path, as above.)"""
+    monkeypatch.setattr(linearize_module, "fold_batch_norms", lambda *args: 0)
     model = _conv_bn_conv(group)
     feeds = {"x": np.random.default_rng(8).standard_normal((2, 4, 7, 6)).astype(np.float32)}
     vm = check_vjp(model, feeds, ["x", "w1"])

@@ -23,6 +23,7 @@ from onnax.core.selection import is_float
 from onnax.core.subgraphs import BodyHooks, ScopedEmitter, name_values, subgraph_reads
 from onnax.errors import UnsupportedOperatorError
 from onnax.passes.expand import expand
+from onnax.passes.fold_batchnorm import fold_batch_norms
 from onnax.passes.stop_gradient import insert_stops
 from onnax.rules import collect
 
@@ -113,6 +114,8 @@ def linearize(
     graph = model.graph
     # Before expansion, which may replace the nodes producing stopped values.
     stopped = frozenset(insert_stops(graph, stop_gradient))
+    # Conv -> BatchNormalization as one Conv, as onnxruntime runs the primal (see the module).
+    fold_batch_norms(graph, {*inputs, *(outputs or ()), *stop_gradient, *stopped})
     expand(model, inputs, jvp_rules, transform)
     opset = model.opset_imports[""]
     lin = Linearization([], {}, {}, set(), [], opset, transform, stopped=stopped)
