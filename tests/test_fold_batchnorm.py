@@ -188,3 +188,20 @@ def test_weight_larger_than_the_activation_is_not_folded() -> None:
     feeds = {"x": rng.standard_normal((1, 16, 1, 1)).astype(np.float32)}
     gm = check_grad(model, feeds, ["x", "w", "s"], "loss")
     assert _ops(gm)["BatchNormalization"] >= 1
+
+
+@pytest.mark.parametrize("bias", [True, False])
+def test_undifferentiated_parameters_fold_into_new_initializers(bias: bool) -> None:
+    """W.r.t. the data only, the folded weight and bias are computed at transform time: the
+    derivative model holds one Conv reading two new initializers, no nodes over the
+    parameters, and the source keeps its own tensors, unchanged."""
+    model = _model(bias=bias)
+    before = ir.to_proto(model).SerializeToString()
+    vm = check_vjp(model, _feeds(), ["x"])
+    check_adjoint(model, _feeds(), ["x"])
+    assert ir.to_proto(model).SerializeToString() == before
+    (forward,) = [n for n in vm.graph if n.op_type == "Conv" and n.inputs[0].name == "x"]
+    folded = [v for v in forward.inputs[1:] if v is not None]
+    assert len(folded) == 2 and all(v.is_initializer() for v in folded), folded
+    assert all(v.name not in model.graph.initializers for v in folded), folded
+    assert not {"BatchNormalization", "Sqrt", "Div"} & set(_ops(vm)), _ops(vm)

@@ -14,6 +14,10 @@ folded Conv, ``G = dL/d(W * a)``, as ``sum(G * W)`` over each output channel (th
 ``W * a`` with respect to ``a``), a weight-sized product; the forward is the one Conv onnxruntime
 runs in the primal (the weight and bias nodes read only initializers, so it folds them at load).
 Every parameter keeps its derivative (W, b, scale, B, mean and var are read by the new nodes).
+Where none of them is differentiated (initializers, not selected: a derivative w.r.t. the data
+only), the folded weight and bias are computed here, in the parameters' type, and become new
+initializers: the derivative model holds the primal's one Conv and no nodes over the
+parameters (shufflenet's vjp transform 0.30 -> 0.22 s; the source's tensors are not touched).
 
 The fold applies to a main-graph Conv whose output only the BatchNormalization reads, in
 inference mode (no ``training_mode``, no statistics outputs), float or double throughout (a
@@ -46,12 +50,83 @@ def fold_batch_norms(graph: ir.Graph, keep: Collection[ir.Value]) -> int:
         The number of pairs folded.
     """
     folded = 0
+    names: set[str] | None = None
     for bn in list(graph):
         conv = _foldable(bn, keep)
-        if conv is not None:
-            _fold(graph, conv, bn)
-            folded += 1
+        if conv is None:
+            continue
+        params = [conv.inputs[1], *conv.inputs[2:3], *bn.inputs[1:]]
+        if all(_constant(v, keep) for v in params):
+            if names is None:
+                names = _taken_names(graph)
+            weight, bias = _fold_numbers(graph, conv, bn, names)
+        else:
+            weight, bias = _fold_nodes(graph, conv, bn)
+        _rewire(graph, conv, bn, weight, bias)
+        folded += 1
     return folded
+
+
+def _constant(value: ir.Value | None, keep: Collection[ir.Value]) -> bool:
+    """An initializer whose data is known and which no derivative is asked of."""
+    return (
+        value is not None
+        and value.is_initializer()
+        and not value.is_graph_input()
+        and value.const_value is not None
+        and value not in keep
+    )
+
+
+def _taken_names(graph: ir.Graph) -> set[str]:
+    names = {v.name for v in (*graph.inputs, *graph.initializers.values()) if v.name}
+    names.update(o.name for node in graph for o in node.outputs if o.name)
+    return names
+
+
+def _fold_numbers(
+    graph: ir.Graph, conv: ir.Node, bn: ir.Node, names: set[str]
+) -> tuple[ir.Value, ir.Value]:
+    """The folded weight and bias as new initializers, computed here.
+
+    No parameter is differentiated: the derivative model then holds the one Conv onnxruntime
+    runs, with no nodes over the parameters.
+    """
+    weight = conv.inputs[1]
+    assert weight is not None and weight.const_value is not None
+    w = weight.const_value.numpy()
+    scale, shift, mean, var = (_array(v) for v in bn.inputs[1:])
+    bias = _array(conv.inputs[2]) if len(conv.inputs) > 2 and conv.inputs[2] is not None else 0
+    eps = np.array(bn.attributes.get_float("epsilon", 1e-5), w.dtype)
+    factor = scale / np.sqrt(var + eps)
+    folded_weight = w * factor.reshape(-1, *[1] * (w.ndim - 1))
+    folded_bias = (bias - mean) * factor + shift
+    values = []
+    for array, base in ((folded_weight, weight.name), (folded_bias, f"{weight.name}_bias")):
+        name = _fresh(f"{base or 'conv'}_bn_folded", names)
+        tensor = ir.tensor(np.ascontiguousarray(array, dtype=w.dtype), name=name)
+        value = ir.Value(
+            name=name,
+            type=ir.TensorType(ir.DataType.from_numpy(w.dtype)),
+            shape=ir.Shape(list(array.shape)),
+            const_value=tensor,
+        )
+        graph.register_initializer(value)
+        values.append(value)
+    return values[0], values[1]
+
+
+def _array(value: ir.Value | None) -> np.ndarray:
+    assert value is not None and value.const_value is not None
+    return value.const_value.numpy()
+
+
+def _fresh(base: str, names: set[str]) -> str:
+    name, k = base, 1
+    while name in names:
+        name, k = f"{base}_{k}", k + 1
+    names.add(name)
+    return name
 
 
 def _foldable(bn: ir.Node, keep: Collection[ir.Value]) -> ir.Node | None:
@@ -107,12 +182,14 @@ def _pays(weight: ir.Shape, out: ir.Shape) -> bool:
 
 def _value(node: ir.Node, like: ir.Value, dims: ir.Shape | list[int | ir.SymbolicDim]) -> ir.Value:
     out = node.outputs[0]
+    assert like.dtype is not None
     out.dtype = like.dtype
     out.shape = ir.Shape(dims)
     return out
 
 
-def _fold(graph: ir.Graph, conv: ir.Node, bn: ir.Node) -> None:
+def _fold_nodes(graph: ir.Graph, conv: ir.Node, bn: ir.Node) -> tuple[ir.Value, ir.Value]:
+    """The folded weight and bias as nodes over the parameters, inserted before the Conv."""
     weight = conv.inputs[1]
     bias = conv.inputs[2] if len(conv.inputs) > 2 else None
     scale, shift, mean, var = bn.inputs[1], bn.inputs[2], bn.inputs[3], bn.inputs[4]
@@ -124,8 +201,8 @@ def _fold(graph: ir.Graph, conv: ir.Node, bn: ir.Node) -> None:
     eps = bn.attributes.get_float("epsilon", 1e-5)
     nodes: list[ir.Node] = []
 
-    def add(op: str, inputs: list[ir.Value], dims: list, **attrs: object) -> ir.Value:
-        node = ir.node(op, inputs, attributes=attrs or None)
+    def add(op: str, inputs: list[ir.Value | None], dims: list) -> ir.Value:
+        node = ir.Node("", op, inputs)
         nodes.append(node)
         return _value(node, y, dims)
 
@@ -144,7 +221,8 @@ def _fold(graph: ir.Graph, conv: ir.Node, bn: ir.Node) -> None:
     # As rows [M, C*k]: the weight's gradient then sums G * W per channel over one trailing
     # axis of a matrix (onnxruntime's ReduceSum over three axes of the 4-D weight measured
     # twice as slow).
-    per_channel = [int(np.prod(weight.shape.dims[1:]))] if weight.shape.is_static() else [None]
+    static = weight.shape.is_static()
+    per_channel = [int(np.prod(weight.shape.numpy()[1:]))] if static else [None]
     rows = add("Reshape", [weight, const(np.array([0, -1], np.int64))], [*channels, *per_channel])
     column = add("Reshape", [factor, const(np.array([-1, 1], np.int64))], [*channels, 1])
     scaled = add("Mul", [rows, column], [*channels, *per_channel])
@@ -159,6 +237,14 @@ def _fold(graph: ir.Graph, conv: ir.Node, bn: ir.Node) -> None:
     )
     folded_bias = add("Add", [add("Mul", [centred, factor], channels), shift], channels)
     graph.insert_before(conv, nodes)
+    return folded_weight, folded_bias
+
+
+def _rewire(
+    graph: ir.Graph, conv: ir.Node, bn: ir.Node, folded_weight: ir.Value, folded_bias: ir.Value
+) -> None:
+    """The Conv reads the folded weight and bias and computes the normalisation's output."""
+    y = bn.outputs[0]
     c = conv.outputs[0]
     conv.replace_input_with(1, folded_weight)
     if len(conv.inputs) < 3:
@@ -168,6 +254,7 @@ def _fold(graph: ir.Graph, conv: ir.Node, bn: ir.Node) -> None:
     y.replace_all_uses_with(c)
     name, shape = y.name, y.shape
     y.name = None
+    assert y.dtype is not None
     c.name, c.dtype = name, y.dtype
     c.shape = shape.copy() if shape is not None else None
     for i in range(len(bn.inputs)):
