@@ -173,12 +173,62 @@ def test_stop_gradient_inside_the_chain_is_kept() -> None:
     np.testing.assert_allclose(got, expected, rtol=1e-5, atol=1e-6)
 
 
-def test_erf_scale_meets_the_cotangent_first() -> None:
+@pytest.mark.parametrize(
+    "case", [ERF_TORCH, ERF_HALF_FIRST, TANH_GPT2, TANH_FAST_GELU], ids=case_id
+)
+def test_scale_meets_the_cotangent_first(case: Case) -> None:
     """Reverse mode scales the incoming cotangent by the 0.5 (which onnxruntime folds into the
-    MatMul producing it) instead of spending a full-size pass on 0.5 * (1 + erf)."""
-    vm = onnax.vjp(ERF_TORCH.model("float", 18))
+    MatMul producing it) instead of spending a full-size pass on it inside the slope (erf's
+    0.5 * (1 + erf), tanh's 0.5 + 0.5 c2 z)."""
+    vm = onnax.vjp(case.model("float", 18))
     seed = vm.graph.inputs[1]
     (use,) = [u.node for u in seed.uses()]
     other = next(i for i in use.inputs if i is not seed)
     assert use.op_type == "Mul" and other is not None
     assert float(np.asarray(constant_of(other))) == 0.5
+
+
+def _tanh_slope(x: np.ndarray, np_dtype: type) -> np.ndarray:
+    """The derivative of the tanh cases' graph, with its own constants (as ``np_dtype`` holds
+    them), in double."""
+    c1, c2 = (np.float64(np_dtype(c)) for c in (0.044715, 0.7978846))
+    t = np.tanh(c2 * (x + c1 * x**3))
+    return 0.5 * (1 + t) + 0.5 * x * (1 - t**2) * c2 * (1 + 3 * c1 * x**2)
+
+
+@pytest.mark.parametrize("case", [TANH_GPT2, TANH_FAST_GELU], ids=case_id)
+@pytest.mark.parametrize("dtype", ["float", "double"])
+def test_tanh_slope_against_numpy(case: Case, dtype: str) -> None:
+    """The vjp of a unit cotangent is the chain rule's slope, near zero and far out (where
+    tanh saturates and the cube dominates) too."""
+    np_dtype = np.float32 if dtype == "float" else np.float64
+    x = np.concatenate([np.linspace(-9.0, 9.0, 9), [0.0, 1e-3, -1e-3]]).reshape(3, 4)
+    vm = onnax.vjp(case.model(dtype, 18))
+    feeds = {"X": x.astype(np_dtype), vm.graph.inputs[1].name: np.ones((3, 4), np_dtype)}
+    got = run(vm, feeds)[vm.graph.outputs[1].name]
+    # float: terms of order one cancel to the slope's minimum, about -0.17 (x near -1.5 is
+    # not sampled, but -2.25 is): a few ulps of one absolute.
+    tol = {"rtol": 1e-5, "atol": 1e-5} if dtype == "float" else {"rtol": 1e-12, "atol": 1e-14}
+    np.testing.assert_allclose(got, _tanh_slope(x, np_dtype), **tol)
+
+
+_MLP_HEAD = (
+    "g ({T}[N, 3] X, {T}[3, 4] W, {T}[4] B) => ({T}[N, 4] Y) {\n"
+    " mm = MatMul(X, W)\n X1 = Add(mm, B)\n"
+)
+MLP_ERF = Case(
+    "mlp_erf",
+    _MLP_HEAD + ERF_TORCH.text.split("{\n", 1)[1].replace("X", "X1").replace("X11", "X1"),
+    dtypes=("float",),
+)
+MLP_TANH = Case(
+    "mlp_tanh",
+    _MLP_HEAD + TANH_GPT2.text.split("{\n", 1)[1].replace("X", "X1").replace("X11", "X1"),
+)
+
+
+@pytest.mark.parametrize(("case", "dtype", "opset"), parametrize([MLP_ERF, MLP_TANH]), ids=case_id)
+def test_rule_behind_a_biased_product(case: Case, dtype: str, opset: int) -> None:
+    """As the exports have it (MatMul -> Add bias -> GELU): jvp and vjp against central
+    differences and the adjoint identity, w.r.t. the input, the weight and the bias."""
+    run_case(case, dtype, opset)

@@ -6,10 +6,20 @@ Exporters write GELU out as elementwise primitives: torch's exact GELU as
 every one of those nodes gets a tangent and reverse mode transposes each: nine (erf) or thirteen
 (tanh) full-size passes over the activation, and the residuals of several intermediates. Read as
 one function of ``x``, the tangent is ``slope(x) * t_x``, with the slope built from the values
-the forward sweep already holds (the Erf input and ``1 + erf``; the cube term, ``tanh`` and
-``1 + tanh``): six (erf: five and a scalar product, which onnxruntime folds into a MatMul
-before it) or eight (tanh) passes, of which one or two in the backward sweep, and one residual. The per-node tangents of the intermediates are left to dead-code removal when nothing
-else reads them (and are used as before when something does).
+the forward sweep already holds (the Erf input and ``1 + erf``; the cube term, the Tanh input,
+``tanh`` and ``1 + tanh``): six (erf) or seven (tanh) full-size passes, the last the backward
+sweep's product, and a scalar product of the cotangent (the ``0.5``), which onnxruntime folds
+into the MatMul producing it; and one residual. The per-node tangents of the intermediates are
+left to dead-code removal when nothing else reads them (and are used as before when something
+does).
+
+The forward chain itself stays as exported, and unfused in the gradient model: onnxruntime
+fuses it into one ``Gelu`` (or ``FastGelu``) kernel only when no node outside the chain reads
+its intermediates. A slope that reads only ``x`` and recomputes the rest (its own Erf or Tanh)
+lets the forward fuse, but measured slower (``tests/benchmarks/bench_gelu.py``; erf at
+convnext's size 64 against 56 ms for the GELU part, elementwise only): onnxruntime's ``Gelu``
+kernel costs about what ``Div`` and ``Erf`` do, so fusing saves about two passes while the
+recomputation adds three, one of them a second Erf.
 
 The slope is the chain rule of the graph as written, with its own constants (the exported
 ``sqrt 2``, ``0.5``, ``0.044715``): not a different approximation of GELU.
@@ -210,13 +220,14 @@ def _slope(em: Emitter, cdf: _Cdf, k: float) -> tuple[ir.Value, float] | None:
         u2 = em.op("Mul", [cdf.u, cdf.u])
         bell = em.op("Exp", [em.op("Sub", [em.scalar(math.log(big_k), x), u2])])
         return em.op("Add", [s, em.op("Mul", [x, bell])]), k
-    # d(k x s)/dx = k s + k x (1 - t^2) c2 (1 + 3 c1 x^2) = k s (1 + c2 (x + 3 m) (1 - t)),
-    # with 1 - t^2 = (1 - t) s and c1 x^3 = m; k costs no pass of its own here.
+    # d(k x s)/dx = k s + k x (1 - t^2) c2 (1 + 3 c1 x^2) = k s (1 + (u + 2 c2 m) (1 - t)),
+    # with 1 - t^2 = (1 - t) s, c1 x^3 = m and c2 (x + 3 m) = u + 2 c2 m (u = c2 (x + m), the
+    # Tanh input): six passes. The factor k is left to the cotangent, like erf's, rather than
+    # a seventh pass scaling z (measured: bench_gelu.py).
     assert cdf.cube is not None
-    near = em.op("Add", [x, em.op("Mul", [cdf.cube, em.scalar(3.0, x)])])
+    near = em.op("Add", [cdf.u, em.op("Mul", [cdf.cube, em.scalar(2.0 * cdf.c2, x)])])
     z = em.op("Mul", [near, em.op("Sub", [em.scalar(1.0, x), cdf.f])])
-    scaled = em.op("Add", [em.op("Mul", [z, em.scalar(cdf.c2 * k, x)]), em.scalar(k, x)])
-    return em.op("Mul", [scaled, s]), 1.0
+    return em.op("Mul", [em.op("Add", [z, em.scalar(1.0, x)]), s]), k
 
 
 def gelu_tangent(em: Emitter, node: ir.Node) -> ir.Value | None:
