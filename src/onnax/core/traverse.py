@@ -76,8 +76,9 @@ def all_nodes(graph: ir.Graph) -> Iterator[ir.Node]:
     """
     for node in graph:
         yield node
-        for body in bodies(node):
-            yield from all_nodes(body)
+        if node.attributes.data:  # bodies() only for a node with attributes
+            for body in bodies(node):
+                yield from all_nodes(body)
 
 
 def sort(graph: ir.Graph) -> None:
@@ -96,8 +97,10 @@ def sort(graph: ir.Graph) -> None:
 
 def _sorted_and_named(graph: ir.Graph) -> bool:
     placed: set[ir.Node] = set()
+    add = placed.add
     for node in graph:
-        if node.name is None or bodies(node):
+        # bodies() only for a node with attributes: a truth test for most nodes.
+        if node.name is None or (node.attributes.data and bodies(node)):
             return False
         for value in node.inputs:
             if value is None:
@@ -109,5 +112,5 @@ def _sorted_and_named(graph: ir.Graph) -> bool:
         for out in node.outputs:
             if out.name is None:
                 return False
-        placed.add(node)
+        add(node)
     return True
