@@ -236,9 +236,13 @@ def _guessed_ranks(graph: ir.Graph) -> set[ir.Value]:
     """The values of ``graph`` whose shapes rest on a guessed rank (see :func:`infer_shapes`)."""
     guessed: set[ir.Value] = set()
     for node in graph:
-        if node.op_type in _RANK_FREE:
+        op_type = node.op_type
+        if op_type in _RANK_FREE:
             continue
-        if _guesses_rank(node) or any(v in guessed for v in _shape_inputs(node) if v is not None):
+        # Every inference walks every graph here: until the first guess (in most models,
+        # ever) only a Squeeze can start one, and no node needs its inputs looked at.
+        starts = op_type == "Squeeze" and _guesses_rank(node)
+        if starts or (guessed and any(v in guessed for v in _shape_inputs(node) if v is not None)):
             guessed.update(node.outputs)
     return guessed
 

@@ -34,6 +34,8 @@ from onnax.core.traverse import subgraphs
 
 __all__ = ["passable", "remember", "unchanged"]
 
+_BODIES = (ir.AttributeType.GRAPH, ir.AttributeType.GRAPHS)
+
 _Record = tuple[Any, ...]
 
 _RECORDS: weakref.WeakKeyDictionary[ir.Graph, dict[int, tuple[weakref.ref[ir.Node], _Record]]] = (
@@ -77,8 +79,10 @@ def passable(node: ir.Node) -> bool:
     Not so for the exceptions of this module's introduction, nor for a node with an output
     not fully known (:func:`_fully_known`).
     """
-    for attr in node.attributes.values():
-        if attr.type in (ir.AttributeType.GRAPH, ir.AttributeType.GRAPHS):
+    # Every inference records and checks every node: the attributes are read from the dict
+    # under the UserDict (a C loop, not a generator), here and in the record.
+    for attr in node.attributes.data.values():
+        if attr.type in _BODIES:
             return False
     constant = node.op_type == "Constant" and node.domain in ("", "ai.onnx")
     for out in node.outputs:
@@ -97,9 +101,9 @@ def _record(node: ir.Node) -> _Record | None:
         node.op_type,
         node.domain,
         node.version,
-        tuple(node.attributes.values()),
-        tuple(_state(v) for v in node.inputs),
-        tuple(_state(v) for v in node.outputs),
+        tuple(node.attributes.data.values()),
+        tuple([_state(v) for v in node.inputs]),
+        tuple([_state(v) for v in node.outputs]),
     )
 
 
@@ -128,10 +132,11 @@ def _state(value: ir.Value | None) -> tuple[Any, ...] | None:
         return None
     shape = value.shape
     tensor = value.const_value
+    kind = value.type
     return (
         weakref.ref(value),
-        type(value.type),
-        value.dtype,
+        type(kind),
+        None if kind is None else kind.dtype,  # value.dtype
         None if shape is None else shape.dims,  # a tuple, taken afresh
         None if tensor is None else _weak(tensor),
     )

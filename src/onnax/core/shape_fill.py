@@ -185,7 +185,7 @@ def _foldable(node: ir.Node) -> bool:
         return False
     return not any(
         a.type in (ir.AttributeType.GRAPH, ir.AttributeType.GRAPHS) or a.is_ref()
-        for a in node.attributes.values()
+        for a in node.attributes.data.values()  # the dict under the UserDict: no generator
     )
 
 

@@ -41,11 +41,24 @@ def subgraphs(graph: ir.Graph) -> list[ir.Graph]:
     found: dict[ir.Graph, None] = {}
 
     def visit(g: ir.Graph) -> None:
+        # A transform walks its model's graphs a few dozen times: bodies() is inlined, and a
+        # node without attributes (most of a derivative graph) costs one truth test.
         for node in g:
-            for body in bodies(node):
-                if body is not graph and body not in found:
-                    found[body] = None
-                visit(body)
+            data = node.attributes.data
+            if not data:
+                continue
+            for attr in data.values():
+                kind = attr.type
+                if kind is _GRAPH:
+                    held = [attr.value]
+                elif kind is _GRAPHS:
+                    held = attr.value
+                else:
+                    continue
+                for body in held:
+                    if body is not graph and body not in found:
+                        found[body] = None
+                    visit(body)
 
     visit(graph)
     return list(found)
@@ -63,8 +76,9 @@ def all_nodes(graph: ir.Graph) -> Iterator[ir.Node]:
     """
     for node in graph:
         yield node
-        for body in bodies(node):
-            yield from all_nodes(body)
+        if node.attributes.data:  # bodies() only for a node with attributes
+            for body in bodies(node):
+                yield from all_nodes(body)
 
 
 def sort(graph: ir.Graph) -> None:
@@ -83,8 +97,10 @@ def sort(graph: ir.Graph) -> None:
 
 def _sorted_and_named(graph: ir.Graph) -> bool:
     placed: set[ir.Node] = set()
+    add = placed.add
     for node in graph:
-        if node.name is None or bodies(node):
+        # bodies() only for a node with attributes: a truth test for most nodes.
+        if node.name is None or (node.attributes.data and bodies(node)):
             return False
         for value in node.inputs:
             if value is None:
@@ -96,5 +112,5 @@ def _sorted_and_named(graph: ir.Graph) -> bool:
         for out in node.outputs:
             if out.name is None:
                 return False
-        placed.add(node)
+        add(node)
     return True

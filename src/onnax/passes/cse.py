@@ -30,28 +30,41 @@ def _key(node: ir.Node, size_limit: int) -> _Key | None:
     As onnx_ir: control flow (a graph attribute never compares equal), a tensor attribute
     over ``size_limit`` elements (weights are not compared) and random operators are skipped.
     """
-    attributes: dict[str, object] = {}
-    for name, attr in node.attributes.items():
-        kind = attr.type
-        if kind in _BODIES:
-            return None
-        value = attr.value
-        if kind in _SEQUENCES:
-            value = tuple(value)
-        elif kind is ir.AttributeType.TENSOR:
-            if value.size > size_limit:
+    # Every pass of CSE keys every node (a few microseconds each, a few times per transform):
+    # the attributes are read from the dict under the UserDict (a C loop, not a generator),
+    # and a node without attributes, most of a derivative graph, builds no list to sort.
+    attributes: tuple[tuple[str, object], ...] = ()
+    data = node.attributes.data
+    if data:
+        pairs: list[tuple[str, object]] = []
+        for name, attr in data.items():
+            kind = attr.type
+            if kind in _BODIES:
                 return None
-            array = value.numpy()
-            value = (array.shape, str(array.dtype), array.tobytes())
-        attributes[name] = value
-    if node.op_type in _NON_DETERMINISTIC and node.domain == "":
+            value = attr.value
+            if kind in _SEQUENCES:
+                value = tuple(value)
+            elif kind is ir.AttributeType.TENSOR:
+                if value.size > size_limit:
+                    return None
+                array = value.numpy()
+                value = (array.shape, str(array.dtype), array.tobytes())
+            pairs.append((name, value))
+        pairs.sort(key=_first)  # names are unique: the order of sorted(dict.items())
+        attributes = tuple(pairs)
+    op_type, domain = node.op_type, node.domain
+    if op_type in _NON_DETERMINISTIC and domain == "":
         return None
     return (
-        node.op_identifier(),
+        (domain, op_type, node.overload),  # node.op_identifier()
         len(node.outputs),
-        tuple(id(v) for v in node.inputs),
-        tuple(sorted(attributes.items())),
+        tuple(map(id, node.inputs)),
+        attributes,
     )
+
+
+def _first(pair: tuple[str, object]) -> str:
+    return pair[0]
 
 
 # onnx_ir compares tensors of up to 10 elements. A second transform re-emits the first one's
