@@ -41,24 +41,15 @@ def subgraphs(graph: ir.Graph) -> list[ir.Graph]:
     found: dict[ir.Graph, None] = {}
 
     def visit(g: ir.Graph) -> None:
-        # A transform walks its model's graphs a few dozen times: bodies() is inlined, and a
-        # node without attributes (most of a derivative graph) costs one truth test.
+        # A transform walks its model's graphs a few dozen times: a node without attributes
+        # (most of a derivative graph) costs one truth test, not a call of bodies().
         for node in g:
-            data = node.attributes.data
-            if not data:
+            if not node.attributes.data:
                 continue
-            for attr in data.values():
-                kind = attr.type
-                if kind is _GRAPH:
-                    held = [attr.value]
-                elif kind is _GRAPHS:
-                    held = attr.value
-                else:
-                    continue
-                for body in held:
-                    if body is not graph and body not in found:
-                        found[body] = None
-                    visit(body)
+            for body in bodies(node):
+                if body is not graph and body not in found:
+                    found[body] = None
+                visit(body)
 
     visit(graph)
     return list(found)

@@ -226,7 +226,7 @@ def _fold_nodes(graph: ir.Graph, conv: ir.Node, bn: ir.Node) -> tuple[ir.Value, 
     rows = add("Reshape", [weight, const(np.array([0, -1], np.int64))], [*channels, *per_channel])
     column = add("Reshape", [factor, const(np.array([-1, 1], np.int64))], [*channels, 1])
     scaled = add("Mul", [rows, column], [*channels, *per_channel])
-    if weight.shape.is_static():
+    if static:
         dims = const(np.array(list(weight.shape.numpy()), np.int64))
     else:
         dims = add("Shape", [weight], [len(weight.shape)])
