@@ -292,7 +292,10 @@ def time_models(bench: Bench, rounds: int) -> dict[str, float]:
 
 # The arena keeps what a run allocated, so the current resident set after the runs less the one
 # before them is the run's peak working memory (activations, residuals, outputs), without the
-# transient peaks of loading and optimizing the model that ru_maxrss would include.
+# transient peaks of loading and optimizing the model that ru_maxrss would include. The memory
+# pattern is off: with it, the first run's tensors stay in the arena and the second run's one
+# planned block comes on top of them (resnet18's gradient at batch 8: 836 MiB with it, 497
+# without), which counts the peak about twice.
 _MEMORY_CHILD = """
 import sys, numpy as np, onnxruntime as ort
 def rss():
@@ -302,6 +305,7 @@ def rss():
 options = ort.SessionOptions()
 options.intra_op_num_threads = 1
 options.log_severity_level = 3
+options.enable_mem_pattern = False
 sess = ort.InferenceSession(sys.argv[1], options, providers=["CPUExecutionProvider"])
 feeds = dict(np.load(sys.argv[2]))
 before = rss()
