@@ -16,7 +16,8 @@ and PyTorch's own timings land in ``--cache`` and are reused on the next run. ``
 the small real-model corpus of ``tests/data/real`` (its TorchScript exports, batch 2, with the
 loss ``sum(y * r)`` of its references), which needs no torch.
 
-Per model and batch it prints, all at one onnxruntime thread, medians over interleaved rounds:
+Per model and batch it prints, all at one onnxruntime thread, medians over rounds interleaved
+with the primal's:
 
 * primal time, and each derivative's time over the primal's: ``grad_all`` (the loss w.r.t.
   every float initializer but BatchNormalization's running statistics: the parameters that
@@ -270,23 +271,42 @@ def report_ortt(results: dict[str, dict[str, object]]) -> None:
 
 
 def time_models(bench: Bench, rounds: int) -> dict[str, float]:
-    """Median run time of every model of ``bench``, in interleaved rounds after a warm-up.
+    """Median run time of every model of ``bench``, each derivative interleaved with the primal.
+
+    One derivative's session at a time, in rounds alternating with the primal's, then dropped:
+    the sessions of all of convnext-tiny's derivatives at batch 8 held at once outgrew the
+    machine's 24 GiB. The primal's time is the median over all its rounds.
 
     The warm-up is two runs: onnxruntime's first run records the memory pattern and the second
     allocates its block, page faults and all (a convnext-tiny gradient at batch 1: 918, 933,
     then 367 ms a run), so a single warm-up left one slow run among the timed rounds.
     """
-    sessions = {name: _session(model) for name, model in bench.models.items()}
-    feeds = {name: _feeds_for(s, bench.feeds[name]) for name, s in sessions.items()}
-    samples: dict[str, list[float]] = {name: [] for name in sessions}
-    for name, sess in sessions.items():
+
+    def timed(sess: ort.InferenceSession, feeds: dict[str, np.ndarray]) -> float:
+        start = time.perf_counter()
+        sess.run(None, feeds)
+        return time.perf_counter() - start
+
+    def warm(sess: ort.InferenceSession, feeds: dict[str, np.ndarray]) -> None:
         for _ in range(2):
-            sess.run(None, feeds[name])
-    for _ in range(rounds):
-        for name, sess in sessions.items():
-            start = time.perf_counter()
-            sess.run(None, feeds[name])
-            samples[name].append(time.perf_counter() - start)
+            sess.run(None, feeds)
+
+    primal = _session(bench.models["primal"])
+    primal_feeds = _feeds_for(primal, bench.feeds["primal"])
+    warm(primal, primal_feeds)
+    samples: dict[str, list[float]] = {"primal": []}
+    derivatives = [name for name in bench.models if name != "primal"]
+    for name in derivatives:
+        sess = _session(bench.models[name])
+        feeds = _feeds_for(sess, bench.feeds[name])
+        warm(sess, feeds)
+        samples[name] = []
+        for _ in range(rounds):
+            samples["primal"].append(timed(primal, primal_feeds))
+            samples[name].append(timed(sess, feeds))
+        del sess  # its arena goes with it
+    if not derivatives:
+        samples["primal"] = [timed(primal, primal_feeds) for _ in range(rounds)]
     return {name: statistics.median(s) for name, s in samples.items()}
 
 
@@ -363,18 +383,34 @@ def report(name: str, bench: Bench, times: dict[str, float], memory: dict[str, i
     )
     if "grad_all" in memory:
         ratio = memory["grad_all"] / max(memory["primal"], 1)
+        # The gradients are outputs the size of the weights (bert-base's: 420 MiB), which the
+        # peak includes and torch's saved tensors do not: compare what is left.
+        outputs = _output_bytes(bench.models["grad_all"])
+        working = memory["grad_all"] - outputs
         print(
-            f"  peak activations grad_all {memory['grad_all'] / 2**20:.0f} MiB ({ratio:.1f}x primal)",
+            f"  peak activations grad_all {memory['grad_all'] / 2**20:.0f} MiB ({ratio:.1f}x"
+            f" primal), of which the gradients {outputs / 2**20:.0f} MiB",
             end="",
         )
         saved = bench.torch.get("saved_bytes")
         if saved:
             print(
                 f"; torch autograd saves {saved / 2**20:.0f} MiB"
-                f" (onnax peak / torch saved = {memory['grad_all'] / saved:.2f})",
+                f" (onnax peak less gradients / torch saved = {working / saved:.2f})",
                 end="",
             )
         print()
+
+
+def _output_bytes(model: ir.Model) -> int:
+    """The bytes of the graph outputs whose shapes and types are static."""
+    total = 0
+    for value in model.graph.outputs:
+        shape, dtype = value.shape, value.dtype
+        if shape is None or dtype is None or not all(isinstance(d, int) for d in shape.dims):
+            continue
+        total += int(np.prod([int(d) for d in shape.dims]) * dtype.itemsize)
+    return total
 
 
 def _export(
