@@ -63,11 +63,12 @@ def test_examples_as_groups_differentiated(name: str) -> None:
     check_vjp(vm, feeds)
 
 
-# Depthwise, one example, the kernel larger than the output (the classic weight-gradient Conv of
+# Depthwise, one example, the kernel at least the output (the classic weight-gradient Conv of
 # a batch-1 depthwise gradient: kernel = cotangent, output = weight).
 LARGE_DEPTHWISE = [
     _conv("dw_large_2d", "1, 3, 9, 8", "3, 1, 7, 6", "1, 3, 6, 5", "group=3, pads=[1, 1, 2, 1]"),
     _conv("dw_large_valid", "1, 2, 12, 11", "2, 1, 10, 9", "1, 2, 3, 3", "group=2"),
+    _conv("dw_equal_2d", "1, 2, 7, 7", "2, 1, 7, 7", "1, 2, 7, 7", "group=2, pads=[3, 3, 3, 3]"),
     _conv("dw_large_1d", "1, 4, 14", "4, 1, 11", "1, 4, 7", "group=4, pads=[2, 1]"),
 ]
 

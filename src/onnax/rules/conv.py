@@ -34,7 +34,7 @@ folded to ``[N, B*C, D]``, the weight to ``[B*M, Cg, k]`` and one operator with 
 (per-example gradients, where the weight gradient of a batch-1 depthwise Conv is the classic
 Conv with the cotangent as kernel, both batched: convnext-tiny's at batch 8 ran 9.8x its primal
 through the im2col below, 4.7x with groups). With a run-time batch size, which an attribute
-cannot hold, such a depthwise Conv of one example whose kernel outnumbers its output is the
+cannot hold, such a depthwise Conv of one example whose kernel is at least its output is the
 banded GEMM of :mod:`onnax.rules._conv_grad_depthwise` over the ``B*C`` channels (that model:
 5.1x). Any other batched weight (or an unbatched ``X``) uses an explicit im2col: a Conv with a
 one-hot kernel ``[K, 1, k]`` (K = prod(k)) extracts the K window elements of every position of every channel
@@ -326,7 +326,7 @@ def _examples_as_groups(
 
 
 def _banded_kernel_window(bx: Batcher, node: ir.Node, rank: int) -> Window | None:
-    """The banded GEMM's window for a depthwise Conv whose kernel outnumbers its output, or None.
+    """The banded GEMM's window for a depthwise Conv with a kernel at least its output, or None.
 
     The Conv has one example: the classic weight-gradient Conv of a batch-1 gradient. Such a
     Conv, ``out[c, p] = sum_k w[c, k] x_pad[c, p + k]``, is the weight gradient that
@@ -342,14 +342,17 @@ def _banded_kernel_window(bx: Batcher, node: ir.Node, rank: int) -> Window | Non
         return None
     if dims[1] != g or wdims[0] != g or wdims[1] != 1:
         return None  # not depthwise
-    kernel = [d for d in wdims[2:] if isinstance(d, int)]
-    if len(kernel) != rank - 2 or _by_output_offset(node, kernel, rank - 2) is None:
+    n = rank - 2
+    units = [*(ints_attr(node, "strides") or [1] * n), *(ints_attr(node, "dilations") or [1] * n)]
+    if any(u != 1 for u in units):
         return None
     win = conv_window(bx, node)
     sizes = [*win.size_in, *win.size_out, *win.kernel, *win.begin, *win.end]
     if not all(isinstance(p, int) for p in sizes):
         return None
-    # Unit strides and dilations (_by_output_offset), so exchanging them is a no-op.
+    if int(np.prod(win.size_out)) > int(np.prod(win.kernel)):  # type: ignore[arg-type]
+        return None  # a kernel smaller than the output: the im2col
+    # Unit strides and dilations, so exchanging them is a no-op.
     return Window(
         win.size_in, win.kernel, win.size_out, win.strides, win.dilations, win.begin, win.end
     )
@@ -360,7 +363,7 @@ def _depthwise_batched_kernel(
 ) -> ir.Value:
     """A depthwise Conv of batched ``X`` and kernel as one banded GEMM over ``B*C`` channels.
 
-    ``X [B, 1, C, D]``, the kernel ``[B, C, 1, K]`` larger than the output; the batch size may
+    ``X [B, 1, C, D]``, the kernel ``[B, C, 1, K]`` at least the output; the batch size may
     be known only at run time. The im2col by output offset ran convnext-tiny's 7x7 depthwise
     weight gradients of a batch-1 gradient, vmapped over 8 examples, at 560 ms a node (a
     ``[49, 768, 3136]`` window tensor and matrix-vector products).
