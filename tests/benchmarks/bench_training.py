@@ -383,20 +383,20 @@ def report(name: str, bench: Bench, times: dict[str, float], memory: dict[str, i
     )
     if "grad_all" in memory:
         ratio = memory["grad_all"] / max(memory["primal"], 1)
-        # The gradients are outputs the size of the weights (bert-base's: 420 MiB), which the
+        # The outputs hold gradients the size of the weights (bert-base's: 420 MiB), which the
         # peak includes and torch's saved tensors do not: compare what is left.
         outputs = _output_bytes(bench.models["grad_all"])
         working = memory["grad_all"] - outputs
         print(
             f"  peak activations grad_all {memory['grad_all'] / 2**20:.0f} MiB ({ratio:.1f}x"
-            f" primal), of which the gradients {outputs / 2**20:.0f} MiB",
+            f" primal), of which the outputs (gradients, y) {outputs / 2**20:.0f} MiB",
             end="",
         )
         saved = bench.torch.get("saved_bytes")
         if saved:
             print(
                 f"; torch autograd saves {saved / 2**20:.0f} MiB"
-                f" (onnax peak less gradients / torch saved = {working / saved:.2f})",
+                f" (onnax peak less outputs / torch saved = {working / saved:.2f})",
                 end="",
             )
         print()

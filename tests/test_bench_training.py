@@ -1,0 +1,87 @@
+"""bench_training.py's harness on a small CNN: what it differentiates, times and reports.
+
+The benchmark compares ``grad_all`` with PyTorch's backward of the parameters, so it must
+differentiate the weights and nothing else (not the input, not BatchNormalization's running
+statistics); it times every derivative interleaved with the primal, one session at a time; and
+its memory line separates the outputs' own bytes (the gradients) from the peak.
+"""
+
+import importlib.util
+import sys
+from pathlib import Path
+
+import numpy as np
+import onnx
+import onnx_ir as ir
+import pytest
+
+BENCH = Path(__file__).parent / "benchmarks"
+
+
+def _bench_training():  # type: ignore[no-untyped-def]
+    sys.path.insert(0, str(BENCH))
+    spec = importlib.util.spec_from_file_location("bench_training", BENCH / "bench_training.py")
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    sys.modules["bench_training"] = module
+    spec.loader.exec_module(module)
+    return module
+
+
+def _cnn(batch: int) -> ir.Model:
+    """Conv -> BatchNormalization -> Relu -> mean, with ``y`` and the loss ``sum(y * y)``."""
+    rng = np.random.default_rng(0)
+    text = f"""
+    <ir_version: 8, opset_import: ["" : 17]>
+    g (float[{batch}, 2, 6, 6] x) => (float[{batch}, 3] y, float loss) {{
+        c = Conv<pads = [1, 1, 1, 1]>(x, w, b)
+        n = BatchNormalization(c, s, t, m, v)
+        r = Relu(n)
+        y = ReduceMean<axes = [2, 3], keepdims = 0>(r)
+        sq = Mul(y, y)
+        loss = ReduceSum<keepdims = 0>(sq)
+    }}
+    """
+    proto = onnx.parser.parse_model(text)
+    arrays = {
+        "w": rng.standard_normal((3, 2, 3, 3)),
+        "b": rng.standard_normal(3),
+        "s": rng.standard_normal(3),
+        "t": rng.standard_normal(3),
+        "m": rng.standard_normal(3),
+        "v": np.abs(rng.standard_normal(3)) + 0.5,
+    }
+    for name, array in arrays.items():
+        proto.graph.initializer.append(onnx.numpy_helper.from_array(array.astype(np.float32), name))
+    return ir.from_proto(proto)
+
+
+@pytest.fixture(scope="module")
+def bt():  # type: ignore[no-untyped-def]
+    return _bench_training()
+
+
+def test_grad_all_is_the_gradient_of_the_weights_only(bt) -> None:  # type: ignore[no-untyped-def]
+    primal = _cnn(2)
+    assert bt._float_initializers(primal) == ["w", "b", "s", "t"]  # not m, v (running stats)
+    x = np.random.default_rng(1).standard_normal((2, 2, 6, 6)).astype(np.float32)
+    bench = bt.derive(primal, x, _cnn(1), {"grad_in", "vjp", "jvp_grad"})
+    outputs = [v.name for v in bench.models["grad_all"].graph.outputs]
+    assert outputs == ["y", "loss", "grad_w", "grad_b", "grad_s", "grad_t"], outputs
+    # y [2, 3], the scalar loss and the gradients of w [3, 2, 3, 3], b, s and t [3]
+    assert bt._output_bytes(bench.models["grad_all"]) == 4 * (6 + 1 + 54 + 3 + 3 + 3)
+    times = bt.time_models(bench, rounds=2)
+    assert set(times) == {"primal", "grad_all", "vmap_grad"}
+    assert all(t > 0 for t in times.values())
+
+
+def test_report_prints_every_model(bt, capsys: pytest.CaptureFixture[str]) -> None:  # type: ignore[no-untyped-def]
+    primal = _cnn(2)
+    x = np.ones((2, 2, 6, 6), np.float32)
+    bench = bt.derive(primal, x, None, set())
+    times = bt.time_models(bench, rounds=1)
+    bench.torch = {"forward": 1.0, "backward_params": 2.0, "saved_bytes": 1000}
+    bt.report("cnn", bench, times, {"primal": 100, "grad_all": 2000})
+    out = capsys.readouterr().out
+    for key in ("primal", "grad_all", "grad_in", "vjp", "jvp_grad", "of which the outputs"):
+        assert key in out, (key, out)
