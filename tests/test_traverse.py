@@ -53,6 +53,18 @@ def test_nested_bodies_are_found() -> None:
     assert len(traverse.subgraphs(ir.from_onnx_text(NESTED).graph)) == 4
 
 
+def test_fixed_nesting_walks_once() -> None:
+    graph = ir.from_onnx_text(NESTED).graph
+    walked = traverse.subgraphs(graph)
+    with traverse.fixed_nesting(graph):
+        first = traverse.subgraphs(graph)
+        first.clear()  # each call gets a list of its own
+        with traverse.fixed_nesting(graph):
+            assert traverse.subgraphs(graph) == walked
+        assert traverse.subgraphs(graph) == walked
+    assert not traverse._FIXED  # the memo ends with the outer block
+
+
 def _chain(n: int) -> ir.Model:
     x = ir.Value(name="x", type=ir.TensorType(ir.DataType.FLOAT), shape=ir.Shape([2]))
     nodes, current = [], x

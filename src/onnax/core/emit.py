@@ -19,6 +19,8 @@ import numpy as np
 import onnx_ir as ir
 from onnx_ir.convenience import convert_attribute
 
+from onnax.core.static import array_tensor
+
 __all__ = ["Emitter", "InternalRuleError"]
 
 
@@ -132,7 +134,7 @@ class Emitter:
         cached = self._constants.get(key)
         if cached is not None:
             return cached
-        tensor = ir.tensor(data)
+        tensor = array_tensor(data)
         value = self.op("Constant", [], {"value": tensor})
         # With const_value set, readers (shape inference, get_const_tensor) take the tensor
         # directly instead of checking the attribute against TensorProtocol, a slow runtime

@@ -19,7 +19,7 @@ from onnx_shape_inference import OpUsageError, ShapeInferenceError, infer_symbol
 from onnax.core.broadcast_dims import forget_guessed_broadcasts
 from onnax.core.inferred import remember, unchanged
 from onnax.core.shape_fill import complete_shapes
-from onnax.core.traverse import sort, subgraphs
+from onnax.core.traverse import fixed_nesting, sort, subgraphs
 
 __all__ = ["RANK_GUESSED", "infer_shapes"]
 
@@ -58,17 +58,19 @@ def infer_shapes(
     """
     declared = _declared_io_shapes(model)
     sort(model.graph)
-    _infer_past_guesses(model, unchanged(model) if new_only else ())
-    if complete:
-        complete_shapes(model, _infer_past_guesses, _guessed_ranks)
-    guessed = False
-    for graph in (model.graph, *subgraphs(model.graph)):
-        guessed = _forget_guessed_ranks(graph) or guessed
-    model.graph.meta[RANK_GUESSED] = bool(model.graph.meta.get(RANK_GUESSED)) or guessed
-    forget_guessed_broadcasts(model)
-    _keep_declared_dims(declared)
-    if record:
-        remember(model)
+    # Inference and completion change values, never which nodes hold bodies.
+    with fixed_nesting(model.graph):
+        _infer_past_guesses(model, unchanged(model) if new_only else ())
+        if complete:
+            complete_shapes(model, _infer_past_guesses, _guessed_ranks)
+        guessed = False
+        for graph in (model.graph, *subgraphs(model.graph)):
+            guessed = _forget_guessed_ranks(graph) or guessed
+        model.graph.meta[RANK_GUESSED] = bool(model.graph.meta.get(RANK_GUESSED)) or guessed
+        forget_guessed_broadcasts(model)
+        _keep_declared_dims(declared)
+        if record:
+            remember(model)
 
 
 RANK_GUESSED = "onnax.rank_guessed"

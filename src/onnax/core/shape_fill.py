@@ -44,7 +44,7 @@ import onnx_ir as ir
 from onnax.core.diagnostics import RANDOM_OPS
 from onnax.core.inferred import passable
 from onnax.core.skeleton import skeleton_proto
-from onnax.core.static import evaluate, static_shape
+from onnax.core.static import array_tensor, evaluate, static_shape
 from onnax.core.traverse import subgraphs
 
 __all__ = ["MAX_FOLDED_ELEMENTS", "complete_shapes"]
@@ -248,7 +248,7 @@ def _fold(
                 continue
             for out, array in zip(node.outputs, results, strict=True):
                 changed.add(out)
-                out.const_value = ir.tensor(array)
+                out.const_value = array_tensor(array)
                 if out.dtype is None:
                     out.dtype = ir.DataType.from_numpy(array.dtype)
                 if out.shape is None:

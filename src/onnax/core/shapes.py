@@ -168,7 +168,9 @@ class ShapeOracle:
             if key is not None:
                 self._by_shape.setdefault(key, v)
             for axis, d in enumerate(v.shape.dims):
-                if isinstance(d, ir.SymbolicDim) and d.value is not None:
+                # A dimension is an int or a SymbolicDim: the int test is a C check, the
+                # SymbolicDim one a runtime protocol check (this runs per value per sweep).
+                if not isinstance(d, int) and d.value is not None:
                     self._by_dim.setdefault(str(d.value), (v, axis))
 
     def __call__(self, em: Emitter, value: ir.Value) -> ir.Value | None:

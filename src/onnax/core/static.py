@@ -18,7 +18,40 @@ import onnx.helper
 import onnx_ir as ir
 from onnx.reference import ReferenceEvaluator
 
-__all__ = ["constant_of", "evaluate", "static_shape"]
+__all__ = ["array_tensor", "attr_tensor", "constant_of", "evaluate", "static_shape"]
+
+
+def array_tensor(array: np.ndarray) -> ir.TensorProtocol:
+    """``ir.tensor(array)``, without its runtime protocol checks for a numpy array.
+
+    ``ir.tensor`` first tests its argument against ``TensorProtocol``, ``DLPackCompatible``
+    and ``ArrayCompatible`` (runtime protocols, which Python 3.11 checks attribute by attribute)
+    and then builds ``ir.Tensor(array)`` from a numpy array: a tenth of a millisecond per
+    folded value, a few percent of densenet121's vjp. Anything else goes through ``ir.tensor``.
+    """
+    if type(array) is np.ndarray:
+        return ir.Tensor(array)
+    return ir.tensor(array)
+
+
+_TENSOR_CLASSES = frozenset(
+    {ir.Tensor, ir.ExternalTensor, ir.StringTensor, ir.LazyTensor, ir.PackedTensor}
+    | {ir.TensorProtoTensor}
+)
+"""onnx_ir's own tensor classes, which ``Attr.as_tensor`` accepts."""
+
+
+def attr_tensor(attr: ir.Attr) -> ir.TensorProtocol:
+    """``attr.as_tensor()``, without its runtime protocol check for onnx_ir's tensor classes.
+
+    ``as_tensor`` checks the value against ``TensorProtocol``, attribute by attribute in
+    Python 3.11: a few hundredths of a millisecond per ``Constant``, read at every clone and
+    simplification. Values of other classes go through ``as_tensor`` and its check.
+    """
+    value = attr.value
+    if attr.type is ir.AttributeType.TENSOR and type(value) in _TENSOR_CLASSES:
+        return value
+    return attr.as_tensor()
 
 
 def constant_of(value: ir.Value | None) -> np.ndarray | None:
@@ -34,7 +67,7 @@ def constant_of(value: ir.Value | None) -> np.ndarray | None:
         if attr.is_ref():
             return None
         if name == "value":
-            return attr.as_tensor().numpy()
+            return attr_tensor(attr).numpy()
         if name == "value_float":
             return np.array(attr.as_float(), dtype=np.float32)
         if name == "value_floats":

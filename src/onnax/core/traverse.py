@@ -10,11 +10,12 @@ reading an attribute's type only (``Attr`` is onnx_ir's only attribute class).
 
 from __future__ import annotations
 
+import contextlib
 from collections.abc import Iterator
 
 import onnx_ir as ir
 
-__all__ = ["all_nodes", "bodies", "model_graphs", "sort", "subgraphs"]
+__all__ = ["all_nodes", "bodies", "fixed_nesting", "model_graphs", "sort", "subgraphs"]
 
 _GRAPH = ir.AttributeType.GRAPH
 _GRAPHS = ir.AttributeType.GRAPHS
@@ -33,11 +34,37 @@ def bodies(node: ir.Node) -> list[ir.Graph]:
     return found
 
 
+_FIXED: dict[ir.Graph, list[ir.Graph]] = {}
+"""The subgraphs of the main graphs inside a :func:`fixed_nesting` block, walked once."""
+
+
+@contextlib.contextmanager
+def fixed_nesting(graph: ir.Graph) -> Iterator[None]:
+    """A block in which :func:`subgraphs` of ``graph`` is walked once, then remembered.
+
+    For a caller that neither adds, removes nor reorders nodes holding bodies inside the
+    block: one shape inference walked the graphs a dozen times (its own steps, each round of
+    completion, the records), about two percent of a transform on a derivative model that
+    has no subgraph at all. Nested blocks for the same graph keep the outer one's walk.
+    """
+    if graph in _FIXED:
+        yield
+        return
+    _FIXED[graph] = subgraphs(graph)
+    try:
+        yield
+    finally:
+        del _FIXED[graph]
+
+
 def subgraphs(graph: ir.Graph) -> list[ir.Graph]:
     """The graphs nested in ``graph`` at any depth, each once.
 
     In the order of ``graph.subgraphs()``: depth first, in node and attribute order.
     """
+    fixed = _FIXED.get(graph)
+    if fixed is not None:
+        return list(fixed)  # a list of the caller's own, as a walk gives
     found: dict[ir.Graph, None] = {}
 
     def visit(g: ir.Graph) -> None:

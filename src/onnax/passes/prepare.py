@@ -200,13 +200,25 @@ def _hide_schemaless(proto: onnx.ModelProto) -> None:
     collect()
     moved = False
 
+    # Whether onnx has a schema, per operator: the look-up builds a schema object each time,
+    # and every node of the model asks (a fifth of the check on a derivative model).
+    has_schema: dict[str, bool] = {}
+
     def visit(graph: onnx.GraphProto) -> None:
         nonlocal moved
         for node in graph.node:
             for attr in node.attribute:
-                for sub in (*([attr.g] if attr.HasField("g") else []), *attr.graphs):
+                if attr.HasField("g"):
+                    visit(attr.g)
+                for sub in attr.graphs:
                     visit(sub)
-            if node.domain not in ("", "ai.onnx") or schema_at("", node.op_type, opset) is not None:
+            if node.domain not in ("", "ai.onnx"):
+                continue
+            op_type = node.op_type
+            known_schema = has_schema.get(op_type)
+            if known_schema is None:
+                known_schema = has_schema[op_type] = schema_at("", op_type, opset) is not None
+            if known_schema:
                 continue
             known = lowerings.lookup("", node.op_type, opset) or jvp_rules.lookup(
                 "", node.op_type, opset

@@ -28,7 +28,7 @@ import onnx_ir as ir
 import onnx_ir.passes as passes
 
 from onnax.core.inference import RANK_GUESSED
-from onnax.core.static import constant_of
+from onnax.core.static import attr_tensor, constant_of
 from onnax.core.traverse import model_graphs
 from onnax.passes.simplify_fold import MAX_FOLDED_ELEMENTS, fold_node, foldable
 from onnax.passes.stop_gradient import STOP_MARK
@@ -341,7 +341,7 @@ def _small(value: ir.Value, limit: int = MAX_FOLDED_ELEMENTS) -> bool:
     if node is None or node.op_type != "Constant" or node.domain != "":
         return False
     attr = node.attributes.get("value")
-    return attr is None or attr.is_ref() or attr.as_tensor().size <= limit
+    return attr is None or attr.is_ref() or attr_tensor(attr).size <= limit
 
 
 def _producer(value: ir.Value | None, *ops: str) -> ir.Node | None:
