@@ -37,10 +37,10 @@ through the im2col below, 4.7x with groups). With a run-time batch size, which a
 cannot hold, such a depthwise Conv of one example whose kernel is at least its output is the
 banded GEMM of :mod:`onnax.rules._conv_grad_depthwise` over the ``B*C`` channels (that model:
 5.1x). Any other batched weight (or an unbatched ``X``) uses an explicit im2col: a Conv with a
-one-hot kernel ``[K, 1, k]`` (K = prod(k)) extracts the K window elements of every position of every channel
-(``X`` folded to ``[B*N*C, 1, D]``, so the channel count need not be static), a broadcasting
-``MatMul`` contracts them with each example's weight per group, and a Reshape restores the
-layout. Where the kernel has more offsets than the output has positions (unit strides, static
+one-hot kernel ``[K, 1, k]`` (K = prod(k)) extracts the K window elements of every position of
+every channel (``X`` folded to ``[B*N*C, 1, D]``, so the channel count need not be static), a
+broadcasting ``MatMul`` contracts them with each example's weight per group, and a Reshape
+restores the layout. Where the kernel has more offsets than the output has positions (unit strides, static
 output: the weight-gradient Conv of a batch-1 gradient, whose kernel is a cotangent), the same
 window elements are extracted by output offset instead, a one-hot kernel of the output's size
 on the padded input. ConvTranspose with a batched weight is the mirror image: a MatMul produces the K
