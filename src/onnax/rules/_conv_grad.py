@@ -104,7 +104,7 @@ from onnax.rules._windows import (
     spatial_dims,
 )
 
-__all__ = ["weight_gradient"]
+__all__ = ["is_depthwise", "weight_gradient"]
 
 _IM2COL_MIN_POSITIONS = 128
 """Below this many output positions per example the im2col's GEMM is too thin (module doc)."""
@@ -174,7 +174,7 @@ def choose_form(win: Window, weight: ir.Value, inp_like: ir.Value, group: int, r
         return "pointwise"
     if tiles_input(win, group) and int(np.prod(kernel)) > _PATCH_IM2COL_MAX_TAPS:
         return "classic"
-    if _is_depthwise(weight, inp_like, group) and _static_pads(win):
+    if is_depthwise(weight, inp_like, group) and _static_pads(win):
         if int(np.prod(kernel)) <= _DEPTHWISE_MAX_TAPS:
             return "depthwise"
         # Larger kernels: the im2col measured slowest of all (bench_depthwise_grad.py).
@@ -190,7 +190,7 @@ def _static_pads(win: Window) -> bool:
     return all(isinstance(p, int) for p in [*win.begin, *win.end, *win.size_out])
 
 
-def _is_depthwise(weight: ir.Value, inp_like: ir.Value, group: int) -> bool:
+def is_depthwise(weight: ir.Value, inp_like: ir.Value, group: int) -> bool:
     """One input and one output channel per group, statically."""
     w = weight.shape.dims if weight.shape is not None else None
     x = inp_like.shape.dims if inp_like.shape is not None else None

@@ -65,7 +65,7 @@ from onnax.core.diagnostics import node_label, op_label
 from onnax.core.emit import Emitter
 from onnax.core.registry import Args, BatchResult, OpRules, Tangents
 from onnax.errors import UnsupportedOperatorError
-from onnax.rules._conv_grad import weight_gradient
+from onnax.rules._conv_grad import is_depthwise, weight_gradient
 from onnax.rules._conv_grad_depthwise import banded
 from onnax.rules._patterns import attributes_of
 from onnax.rules._windows import (
@@ -336,12 +336,8 @@ def _banded_kernel_window(bx: Batcher, node: ir.Node, rank: int) -> Window | Non
     x0, w0 = node.inputs[0], node.inputs[1]
     if node.op_type != "Conv" or x0 is None or w0 is None or x0.shape is None:
         return None
-    g = int_attr(node, "group", 1)
-    dims, wdims = x0.shape.dims, w0.shape.dims if w0.shape is not None else None
-    if wdims is None or len(dims) != rank or dims[0] != 1 or g == 1:
+    if x0.shape.dims[0] != 1 or not is_depthwise(w0, x0, int_attr(node, "group", 1)):
         return None
-    if dims[1] != g or wdims[0] != g or wdims[1] != 1:
-        return None  # not depthwise
     n = rank - 2
     units = [*(ints_attr(node, "strides") or [1] * n), *(ints_attr(node, "dilations") or [1] * n)]
     if any(u != 1 for u in units):
