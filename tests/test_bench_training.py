@@ -85,3 +85,18 @@ def test_report_prints_every_model(bt, capsys: pytest.CaptureFixture[str]) -> No
     out = capsys.readouterr().out
     for key in ("primal", "grad_all", "grad_in", "vjp", "jvp_grad", "of which the outputs"):
         assert key in out, (key, out)
+
+
+def test_peak_memory_counts_the_outputs_once(bt, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
+    """The outputs come back as copies of the arena's buffers: the last run's copies must not be
+    kept while measuring, or a model whose working memory is its output measures twice that."""
+    n = 16 * 2**20  # 64 MiB of float32, far above everything else the child process allocates
+    text = f"""
+    <ir_version: 8, opset_import: ["" : 17]>
+    g (float[{n}] x) => (float[{n}] y) {{
+        y = Add(x, x)
+    }}
+    """
+    model = ir.from_proto(onnx.parser.parse_model(text))
+    peak = bt.peak_memory(model, {"x": np.ones(n, np.float32)}, tmp_path)
+    assert 0.9 * 4 * n < peak < 1.4 * 4 * n, peak / 2**20

@@ -315,7 +315,10 @@ def time_models(bench: Bench, rounds: int) -> dict[str, float]:
 # transient peaks of loading and optimizing the model that ru_maxrss would include. The memory
 # pattern is off: with it, the first run's tensors stay in the arena and the second run's one
 # planned block comes on top of them (resnet18's gradient at batch 8: 836 MiB with it, 497
-# without), which counts the peak about twice.
+# without), which counts the peak about twice. The outputs come back to Python as copies of the
+# arena's buffers: each run's are dropped at once, or the last run's copies would count the
+# outputs a second time (a 256 MiB output measured 528 MiB kept, 264 MiB dropped; bert-base's
+# gradient at batch 1 then showed 416 MiB of working memory for about 80).
 _MEMORY_CHILD = """
 import sys, numpy as np, onnxruntime as ort
 def rss():
@@ -330,7 +333,7 @@ sess = ort.InferenceSession(sys.argv[1], options, providers=["CPUExecutionProvid
 feeds = dict(np.load(sys.argv[2]))
 before = rss()
 for _ in range(2):
-    outputs = sess.run(None, feeds)
+    sess.run(None, feeds)
 print(rss() - before)
 """
 
