@@ -100,3 +100,33 @@ def test_peak_memory_counts_the_outputs_once(bt, tmp_path: Path) -> None:  # typ
     model = ir.from_proto(onnx.parser.parse_model(text))
     peak = bt.peak_memory(model, {"x": np.ones(n, np.float32)}, tmp_path)
     assert 0.9 * 4 * n < peak < 1.4 * 4 * n, peak / 2**20
+
+
+def test_run_time_batch_twin_gives_the_same_gradients(bt) -> None:  # type: ignore[no-untyped-def]
+    """--run-time-batch's twin has a symbolic batch, keeps the source as it was, and its
+    gradient model computes what the static one does (at the batch measured and another)."""
+    import onnxruntime as ort
+
+    primal = _cnn(2)
+    before = primal.graph.inputs[0].shape
+    twin = bt.run_time_batch(primal)
+    assert primal.graph.inputs[0].shape == before  # the source is untouched
+    dims = twin.graph.inputs[0].shape.dims
+    assert isinstance(dims[0], ir.SymbolicDim) and list(dims[1:]) == [2, 6, 6]
+    assert isinstance(twin.graph.outputs[0].shape.dims[0], ir.SymbolicDim)
+    x = np.random.default_rng(2).standard_normal((2, 2, 6, 6)).astype(np.float32)
+    static = bt.derive(primal, x, None, {"grad_in", "vjp", "jvp_grad"}).models["grad_all"]
+    dynamic = bt.derive(twin, x, None, {"grad_in", "vjp", "jvp_grad"}).models["grad_all"]
+
+    def run(model: ir.Model, feed: np.ndarray) -> list[np.ndarray]:
+        proto = ir.serde.serialize_model(model).SerializeToString()
+        sess = ort.InferenceSession(proto, providers=["CPUExecutionProvider"])
+        return sess.run(None, {"x": feed})
+
+    for got, want in zip(run(dynamic, x), run(static, x), strict=True):
+        np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-6)
+    # And it runs at another batch: the first two examples' outputs are the batch-2 ones.
+    x3 = np.concatenate([x, np.zeros_like(x[:1])])
+    three = run(dynamic, x3)
+    assert three[0].shape == (3, 3)
+    np.testing.assert_allclose(three[0][:2], run(static, x)[0], rtol=1e-5, atol=1e-6)

@@ -5,6 +5,7 @@ Usage::
     uv run python tests/benchmarks/bench_training.py [--torch-python /path/to/venv/bin/python]
         [--models resnet18,gpt2,bert,vit_s16,convnext_tiny] [--batches 1,8] [--rounds 7]
         [--cache /tmp/onnax-bench-training] [--tiny] [--corpus] [--skip vmap_grad,jvp_grad]
+        [--run-time-batch]
         [--ortt-python /tmp/ortt/bin/python [--ortt-pythonpath DIR]]
 
 The networks (resnet18 at 224 px, a GPT-2-small-shaped decoder of 6 layers x 512 at sequence
@@ -14,7 +15,10 @@ timm; make one with ``python -m venv /tmp/tv && /tmp/tv/bin/pip install torch==2
 transformers timm onnxscript`` (torch is a CPU wheel on this machine's local index). The exports
 and PyTorch's own timings land in ``--cache`` and are reused on the next run. ``--corpus`` adds
 the small real-model corpus of ``tests/data/real`` (its TorchScript exports, batch 2, with the
-loss ``sum(y * r)`` of its references), which needs no torch.
+loss ``sum(y * r)`` of its references), which needs no torch. ``--run-time-batch`` adds, for
+every batch above 1, the same export with its batch dimension made symbolic (the way users'
+exports with a dynamic batch axis come; the rules then take their run-time-batch forms), timed
+at the same batch.
 
 Per model and batch it prints, all at one onnxruntime thread, medians over rounds interleaved
 with the primal's:
@@ -455,6 +459,38 @@ def _load(cache: Path, models: Sequence[str], batches: Sequence[str]) -> list[Ca
     return cases
 
 
+def run_time_batch(model: ir.Model) -> ir.Model:
+    """A copy of ``model`` whose input ``x`` has a symbolic batch dimension.
+
+    The outputs' leading dimension goes symbolic with it, and every other value's shape is
+    cleared for the transforms' inference to find again (from the symbolic batch).
+    """
+    copy = ir.from_proto(ir.serde.serialize_model(model))
+    graph = copy.graph
+    x = next(v for v in graph.inputs if v.name == "x")
+    assert x.shape is not None and x.shape.rank() > 0, "x needs a batch dimension"
+    batch = x.shape.dims[0]
+    x.shape = ir.Shape([ir.SymbolicDim("batch"), *x.shape.dims[1:]])
+    for node in graph:
+        for out in node.outputs:
+            if not out.is_graph_output():
+                out.shape = None
+            elif out.shape is not None and out.shape.rank() and out.shape.dims[0] == batch:
+                out.shape = ir.Shape([ir.SymbolicDim("batch"), *out.shape.dims[1:]])
+    return copy
+
+
+def _with_run_time_batch(cases: list[Case]) -> list[Case]:
+    """Every case, each one at a batch above 1 followed by its :func:`run_time_batch` twin."""
+    out = []
+    for name, model, x, single, torch_times in cases:
+        out.append((name, model, x, single, torch_times))
+        if x.shape[0] > 1:
+            twin = run_time_batch(model)
+            out.append((f"{name} (run-time batch)", twin, x, single, torch_times))
+    return out
+
+
 def _corpus() -> list[tuple[str, ir.Model, np.ndarray]]:
     """The real-model corpus's TorchScript exports with the loss ``sum(y * r)`` appended."""
     found = []
@@ -497,6 +533,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--zoo", action="store_true", help="add " + ", ".join(ZOO_MODELS))
     parser.add_argument("--skip", default="", help="derivatives to skip, e.g. vmap_grad")
     parser.add_argument("--no-memory", action="store_true")
+    parser.add_argument(
+        "--run-time-batch", action="store_true", help="add each batch above 1 made symbolic"
+    )
     parser.add_argument("--ortt-python", default=None, help="a Python with onnxruntime-training")
     parser.add_argument("--ortt-pythonpath", type=Path, default=None)
     args = parser.parse_args(argv)
@@ -522,6 +561,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         cases.extend(_load(zoo_dir, ZOO_MODELS, batches))
     if args.corpus:
         cases.extend((name, model, x, None, {}) for name, model, x in _corpus())
+    if args.run_time_batch:
+        cases = _with_run_time_batch(cases)
     ortt_cases: dict[str, tuple[ir.Model, np.ndarray]] = {}
     for name, primal, x, single, torch_times in cases:
         print(f"\n{name}", flush=True)
