@@ -35,7 +35,8 @@ with the primal's:
   the same FLOPs once more (the first layer's data gradient aside), so no gradient model of the
   network runs in much less than ``1 + 2 s`` times the primal with these kernels;
 * the peak activation memory of the onnxruntime session for the primal and for ``grad_all``
-  (the growth of the resident set during its runs, measured in a fresh process each);
+  (the peak of the resident set during a run over the one before it, with onnxruntime's arena
+  off, in a fresh process each: the peak of the tensors alive at once);
 * head to head against PyTorch eager on the same weights, where ``--torch-python`` is given:
   onnax time / torch time for the forward, ``grad_all`` (against forward + backward of every
   parameter), ``grad_in``, ``jvp_grad`` (``torch.func.jvp`` of ``torch.func.grad``) and
@@ -314,36 +315,55 @@ def time_models(bench: Bench, rounds: int) -> dict[str, float]:
     return {name: statistics.median(s) for name, s in samples.items()}
 
 
-# The arena keeps what a run allocated, so the current resident set after the runs less the one
-# before them is the run's peak working memory (activations, residuals, outputs), without the
-# transient peaks of loading and optimizing the model that ru_maxrss would include. The memory
-# pattern is off: with it, the first run's tensors stay in the arena and the second run's one
-# planned block comes on top of them (resnet18's gradient at batch 8: 836 MiB with it, 497
-# without), which counts the peak about twice. The outputs come back to Python as copies of the
-# arena's buffers: each run's are dropped at once, or the last run's copies would count the
-# outputs a second time (a 256 MiB output measured 528 MiB kept, 264 MiB dropped; bert-base's
-# gradient at batch 1 then showed 416 MiB of working memory for about 80).
+# The peak of the resident set during one run, above the resident set before it, is the run's
+# peak working memory (activations, residuals, outputs), without the transient peaks of loading
+# and optimizing the model that ru_maxrss would include: the kernel's high-water mark (VmHWM)
+# is reset (/proc/self/clear_refs) after a first run, then read after the second. The arena is
+# off, so that freed tensors leave the resident set and the mark is the peak of the tensors
+# alive at once: the arena grows in regions of twice the size, and resnet18's gradient at batch
+# 8 measured 446 MiB with it against 296 MiB of tensors without. Where the mark cannot be reset,
+# the growth of the resident set over the runs with the arena on (and the memory pattern off:
+# with it the first run's tensors and the second run's planned block both stay) is the figure.
+# Each run's outputs are dropped at once: they come back as copies, and a 256 MiB output kept
+# measured 528 MiB, dropped 264.
 _MEMORY_CHILD = """
 import sys, numpy as np, onnxruntime as ort
-def rss():
+def status(key):
     with open("/proc/self/status") as status:
-        line = next(l for l in status if l.startswith("VmRSS:"))
+        line = next(l for l in status if l.startswith(key + ":"))
     return int(line.split()[1]) * 1024
-options = ort.SessionOptions()
-options.intra_op_num_threads = 1
-options.log_severity_level = 3
-options.enable_mem_pattern = False
-sess = ort.InferenceSession(sys.argv[1], options, providers=["CPUExecutionProvider"])
+def session(arena):
+    options = ort.SessionOptions()
+    options.intra_op_num_threads = 1
+    options.log_severity_level = 3
+    options.enable_mem_pattern = False
+    options.enable_cpu_mem_arena = arena
+    return ort.InferenceSession(sys.argv[1], options, providers=["CPUExecutionProvider"])
 feeds = dict(np.load(sys.argv[2]))
-before = rss()
-for _ in range(2):
+try:
+    with open("/proc/self/clear_refs", "w") as refs:
+        refs.write("5")
+    resettable = True
+except OSError:
+    resettable = False
+sess = session(arena=not resettable)
+if resettable:
     sess.run(None, feeds)
-print(rss() - before)
+    before = status("VmRSS")
+    with open("/proc/self/clear_refs", "w") as refs:
+        refs.write("5")
+    sess.run(None, feeds)
+    print(status("VmHWM") - before)
+else:
+    before = status("VmRSS")
+    for _ in range(2):
+        sess.run(None, feeds)
+    print(status("VmRSS") - before)
 """
 
 
 def peak_memory(model: ir.Model, feeds: dict[str, np.ndarray], scratch: Path) -> int:
-    """Bytes the resident set grows by while onnxruntime runs the model (a fresh process)."""
+    """Peak bytes above the resident set before a run of the model (a fresh process; see above)."""
     scratch.mkdir(parents=True, exist_ok=True)
     model_path, feeds_path = scratch / "memory.onnx", scratch / "memory.npz"
     ir.save(model, model_path)
