@@ -130,3 +130,19 @@ def test_run_time_batch_twin_gives_the_same_gradients(bt) -> None:  # type: igno
     three = run(dynamic, x3)
     assert three[0].shape == (3, 3)
     np.testing.assert_allclose(three[0][:2], run(static, x)[0], rtol=1e-5, atol=1e-6)
+
+
+def test_models_with_external_weights_open_from_bytes(bt, tmp_path: Path, monkeypatch) -> None:  # type: ignore[no-untyped-def]
+    """The corpus's exports keep their weights in a data file; the sessions here open models
+    from bytes, which must not need that file (nor the working directory) any more."""
+    path = tmp_path / "cnn.onnx"
+    ir.save(_cnn(2), path, external_data="cnn.onnx.data", size_threshold_bytes=0)
+    monkeypatch.chdir(tmp_path.parent)  # not where the data file is
+    model = bt._read(path)
+    x = np.ones((2, 2, 6, 6), np.float32)
+    y = bt._session(model).run(None, {"x": x})
+    want = bt._session(_cnn(2)).run(None, {"x": x})
+    for got, expected in zip(y, want, strict=True):
+        np.testing.assert_allclose(got, expected, rtol=1e-6)
+    grad = bt.derive(model, x, None, {"grad_in", "vjp", "jvp_grad"}).models["grad_all"]
+    assert bt._session(grad).run(None, {"x": x})

@@ -463,18 +463,27 @@ def _export(
 Case = tuple[str, ir.Model, np.ndarray, ir.Model | None, dict[str, float]]
 
 
+def _read(path: Path) -> ir.Model:
+    """The model at ``path`` with every weight in memory.
+
+    The sessions here are opened from serialized bytes, against which onnxruntime cannot
+    resolve an external data file (the corpus's TorchScript exports keep their weights in one).
+    """
+    return ir.external_data.load_to_model(ir.load(path))
+
+
 def _load(cache: Path, models: Sequence[str], batches: Sequence[str]) -> list[Case]:
     """The exports in ``cache`` with their inputs, batch-1 twins and PyTorch timings (if any)."""
     cases = []
     for m in models:
         single_path = cache / f"{m}.b1.onnx"
-        single = ir.load(single_path) if single_path.exists() else None
+        single = _read(single_path) if single_path.exists() else None
         for b in batches:
             stem = cache / f"{m}.b{b}"
             timed = stem.with_name(stem.name + ".torch.json")
             torch_times = json.loads(timed.read_text()) if timed.exists() else {}
             x = np.load(stem.with_name(stem.name + ".npz"))["x"]
-            model = ir.load(stem.with_name(stem.name + ".onnx"))
+            model = _read(stem.with_name(stem.name + ".onnx"))
             cases.append((f"{m} batch {b}", model, x, single, torch_times))
     return cases
 
@@ -517,7 +526,7 @@ def _corpus() -> list[tuple[str, ir.Model, np.ndarray]]:
     for path in sorted(REAL.glob("*.torchscript.onnx")):
         arch = path.name.split(".")[0]
         refs = np.load(REAL / f"{arch}.npz")
-        model = ir.load(path)
+        model = _read(path)
         inputs = [v for v in model.graph.inputs if v.name not in model.graph.initializers]
         if len(inputs) != 1 or len(model.graph.outputs) != 1:
             continue  # the head-to-head harness feeds one input ``x``
