@@ -18,22 +18,29 @@ where single figures scatter by 2x; ratios are the classic form's time over the 
   1.0-11x. Moving the batch next to the positions first (``[M, N*P] @ [N*P, C]``, one Gemm)
   measured alike, better at 7x7 and worse at 56x56, at the price of two transposes of full
   tensors.
-* **Depthwise** (``group == C == M``, kernels of at most 16 elements, static pads): one
-  ``Mul`` + ``ReduceSum`` over ``(N, O)`` per kernel offset, of the input's shifted strided
-  slice with ``g``; nothing of size ``K * x`` is ever materialised. 1.8-2.8x at batch 8 from
-  14x14 up, 1.5-19x at batch 1, 1.0x at 7x7. The im2col below followed by per-channel
+* **Depthwise** (``group == C == M``, kernels of at most 16 elements, static pads, where the banded
+  GEMM below does not fit: one example, few rows; strided ones of a batch take the classic Conv,
+  see Banded): one ``Mul`` + ``ReduceSum`` over ``(N, O)`` per kernel offset, of the input's
+  shifted strided slice with ``g``; nothing of size ``K * x`` is ever materialised. 1.8-2.8x at
+  batch 8 from 14x14 up, 1.5-19x at batch 1, 1.0x at 7x7. The im2col below followed by per-channel
   matrix-vector products measured 0.9-1.6x, and 0.7-2.5x as the per-group MatMul. Strided
-  (shufflenet's 3x3 stride-2 downsamples at batch 8): alone 0.6-0.9x (the strided Slices are
-  slow), yet the classic Conv for them measured equal inside shufflenet's whole gradient (kernel
-  time: Slice -9 ms, Conv +11 ms), so the shifts stay; one broadcasting Mul over a one-hot
-  im2col ``[N, C, K, P]`` and one ReduceSum measured 0.8-1.1x (``bench_conv_grad.py --kinds
-  dw3x3,dw3x3_s2``).
-* **Banded** (depthwise, larger kernels, static pads, last stride 1, a batch not statically 1,
-  at least 24 rows ``N * O'``): :mod:`onnax.rules._conv_grad_depthwise`, one broadcasting
-  MatMul over the batch and the rows per channel, the kernel band read by a Gather. convnext's
-  7x7 at batch 8: 1.2-2.4x, where the im2col measured 0.24-0.64x
-  (``tests/benchmarks/bench_depthwise_grad.py``); other large depthwise kernels take the
-  classic Conv, never the im2col.
+  (shufflenet's 3x3 stride-2 downsamples at batch 8): alone 0.6-0.9x (the strided Slices are slow),
+  yet the classic Conv for them measured equal inside shufflenet's whole gradient (kernel time:
+  Slice -9 ms, Conv +11 ms), and 5 % faster in the measurement under Banded; one broadcasting Mul
+  over a one-hot im2col ``[N, C, K, P]`` and one ReduceSum measured 0.8-1.1x (``bench_conv_grad.py
+  --kinds dw3x3,dw3x3_s2``).
+* **Banded** (depthwise, static pads, last stride 1, a batch not statically 1, at least 24
+  rows ``N * O'``): :mod:`onnax.rules._conv_grad_depthwise`, one broadcasting MatMul over the
+  batch and the rows per channel, the kernel band read by a Gather. convnext's 7x7 at batch 8:
+  1.2-2.4x, where the im2col measured 0.24-0.64x (``tests/benchmarks/bench_depthwise_grad.py``);
+  other large depthwise kernels take the classic Conv, never the im2col. Small kernels (3x3)
+  take it too where it fits: alone it measured 1.1-1.6x against the shifts' 1.2-2.4x, but in
+  whole gradients at batch 8 (weights only, interleaved, on a loaded two-core machine) it was
+  as fast or faster with 10 nodes instead of about 30 per Conv: mobilenetv3-small 10.2 -> 9.8
+  and 9.8 -> 9.1 times the primal, efficientnet-b0 7.6 -> 7.5 and 8.0 -> 7.1, shufflenet 6.2
+  -> 6.2 and 6.7 -> 6.3 (2317 -> 1962 nodes). There the strided depthwise Convs of a batch
+  take the classic Conv (part of those figures); the shifts stay for one example (shufflenet
+  at batch 1: the classic Conv 9 % slower overall) and too few rows.
 * **im2col** (1-D and 3-D static kernels where the output has at least 128 positions per example,
   or run-time spatial sizes): a Conv with a one-hot kernel ``[K, 1, k]`` over every channel on
   its own (``[N*C, 1, D] -> [N*C, K, O]``: the node's own strides, dilations and pads; for 2-D
@@ -175,15 +182,26 @@ def choose_form(win: Window, weight: ir.Value, inp_like: ir.Value, group: int, r
     if tiles_input(win, group) and int(np.prod(kernel)) > _PATCH_IM2COL_MAX_TAPS:
         return "classic"
     if is_depthwise(weight, inp_like, group) and _static_pads(win):
-        if int(np.prod(kernel)) <= _DEPTHWISE_MAX_TAPS:
+        if banded_fits(win, inp_like):
+            return "banded"
+        # Small kernels of one example or of few rows keep the shifts (shufflenet at batch 1:
+        # the classic Conv 9 % slower overall); strided ones of a batch take the classic Conv
+        # (the shifts' strided Slices are slow). Larger kernels: the im2col measured slowest of
+        # all (bench_depthwise_grad.py).
+        small = int(np.prod(kernel)) <= _DEPTHWISE_MAX_TAPS
+        if small and (win.strides[-1] == 1 or _static_batch(inp_like) == 1):
             return "depthwise"
-        # Larger kernels: the im2col measured slowest of all (bench_depthwise_grad.py).
-        return "banded" if banded_fits(win, inp_like) else "classic"
+        return "classic"
     out = [o for o in win.size_out if isinstance(o, int)]
     least = _IM2COL_2D_MIN_POSITIONS if rank == 4 else _IM2COL_MIN_POSITIONS
     if len(out) < rank - 2 or int(np.prod(out)) >= least:
         return "im2col"
     return "classic"
+
+
+def _static_batch(inp_like: ir.Value) -> int | None:
+    dims = inp_like.shape.dims if inp_like.shape is not None else []
+    return dims[0] if dims and isinstance(dims[0], int) else None
 
 
 def _static_pads(win: Window) -> bool:

@@ -39,8 +39,10 @@ Transpose left); a run-time batch keeps ``(O', N)``, whose row index needs no ba
 :func:`banded_fits` keeps the classic Conv where the GEMMs get thin or wasteful: a static batch
 of 1 (7x7: 0.5-0.9x; the per-offset shifts 0.8-1.2x, at ``3 K`` nodes), fewer than 24 rows
 ``N * O'``, and strides along the last axis (the band wastes ``s`` times more; 5x5 stride 2:
-0.9-1.2x). Kernels of at most 16 elements keep the per-offset shifts (3x3 at batch 8: 1.2-2.4x,
-the banded 1.1-1.6x).
+0.9-1.2x). Kernels of at most 16 elements take it too where it fits: alone the per-offset shifts
+measured faster (3x3 at batch 8: 1.2-2.4x, the banded 1.1-1.6x), but in whole gradients the
+banded GEMM was as fast or faster, with a third of the nodes (module doc of
+:mod:`onnax.rules._conv_grad`).
 
 :func:`tiles_input` recognises windows that tile the input (module doc of
 :mod:`onnax.rules._conv_grad`).
