@@ -108,7 +108,7 @@ def settle(model: ir.Model, skipped: Collection[ir.Node]) -> list[ir.Node]:
     Returns:
         The settled nodes, for the engine to pass over too.
     """
-    opset = model.opset_imports.get("", model.opset_imports.get("ai.onnx", 1))
+    opset = model.opset_imports.get("", 1)  # the engine's own default
     graph = model.graph
     known = Known()
     final = known.final
@@ -124,7 +124,8 @@ def settle(model: ir.Model, skipped: Collection[ir.Node]) -> list[ir.Node]:
         if node in skipped:
             final.update(node.outputs)
             continue
-        rule = handler(node.op_type, opset) if node.domain in ("", "ai.onnx") else None
+        # Only the domain spelt "": the engine relates the element counts of those Reshapes.
+        rule = handler(node.op_type, opset) if node.domain == "" else None
         if rule is None:
             continue
         if node.op_type == "Shape":
