@@ -189,7 +189,7 @@ def choose_form(win: Window, weight: ir.Value, inp_like: ir.Value, group: int, r
         # (the shifts' strided Slices are slow). Larger kernels: the im2col measured slowest of
         # all (bench_depthwise_grad.py).
         small = int(np.prod(kernel)) <= _DEPTHWISE_MAX_TAPS
-        if small and (win.strides[-1] == 1 or _static_batch(inp_like) == 1):
+        if small and (win.strides[-1] == 1 or _single_example(inp_like)):
             return "depthwise"
         return "classic"
     out = [o for o in win.size_out if isinstance(o, int)]
@@ -197,11 +197,6 @@ def choose_form(win: Window, weight: ir.Value, inp_like: ir.Value, group: int, r
     if len(out) < rank - 2 or int(np.prod(out)) >= least:
         return "im2col"
     return "classic"
-
-
-def _static_batch(inp_like: ir.Value) -> int | None:
-    dims = inp_like.shape.dims if inp_like.shape is not None else []
-    return dims[0] if dims and isinstance(dims[0], int) else None
 
 
 def _static_pads(win: Window) -> bool:
