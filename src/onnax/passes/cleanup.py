@@ -8,8 +8,8 @@ and reordered on its own (onnx_ir's own passes where they do what is needed):
 2. :class:`EliminateCommonSubexpressions` (``CommonSubexpressionEliminationPass`` that keeps
    the outputs' declared types; it leaves no dead code, as the inputs of a duplicate are
    those of its twin, which stays);
-3. :class:`SortGraph`, :class:`FixOutputs`, ``NameFixPass``, :class:`UniqueNamesAcrossScopes`
-   and :class:`NameMainGraph`;
+3. :class:`SortGraph`, :class:`FixOutputs`, :class:`FixNames` (``NameFixPass``, then
+   :class:`UniqueNamesAcrossScopes`) and :class:`NameMainGraph`;
 4. :class:`AnnotateShapes`;
 5. :class:`Simplify`, on the annotated types and shapes: a :class:`FixedPoint` of
    :class:`~onnax.passes.simplify.SimplifyLocally` (chain collapsing, Identity removal,
@@ -28,8 +28,9 @@ from onnx_shape_inference import OpUsageError, ShapeInferenceError
 
 from onnax.core.batching import detach
 from onnax.core.inference import RANK_GUESSED, infer_shapes
+from onnax.core.name_fix import fix_names_flat
 from onnax.core.subgraphs import graph_attributes
-from onnax.core.traverse import model_graphs
+from onnax.core.traverse import model_graphs, subgraphs
 from onnax.passes.cse import eliminate_common_subexpressions
 from onnax.passes.fast_steps import RemoveUnusedNodes, SortGraph
 from onnax.passes.simplify import SimplifyLocally, remove_unused
@@ -39,6 +40,7 @@ __all__ = [
     "AnnotateShapes",
     "Cleanup",
     "EliminateCommonSubexpressions",
+    "FixNames",
     "FixOutputs",
     "FixedPoint",
     "NameMainGraph",
@@ -78,8 +80,7 @@ class Cleanup(Steps):
             EliminateCommonSubexpressions(),
             SortGraph(),
             FixOutputs(),
-            common.NameFixPass(),
-            UniqueNamesAcrossScopes(),
+            FixNames(),
             NameMainGraph(),
             AnnotateShapes(),
             Simplify(),
@@ -97,8 +98,7 @@ class Simplify(Steps):
             FixedPoint(SimplifyLocally(), EliminateCommonSubexpressions()),
             RemoveDeadNodes(),
             RemoveUnusedNodes(),
-            common.NameFixPass(),
-            UniqueNamesAcrossScopes(),
+            FixNames(),
         )
 
     def call(self, model: ir.Model) -> passes.PassResult:
@@ -187,6 +187,24 @@ class FixOutputs(passes.InPlacePass):
         return passes.PassResult(model, modified=True)
 
 
+class FixNames(passes.InPlacePass):
+    """``NameFixPass``, then :class:`UniqueNamesAcrossScopes`.
+
+    A model without subgraphs or functions, as most derivative models are, is named in one
+    loop (:func:`onnax.core.name_fix.fix_names_flat`, the very names the pass gives), and
+    its single graph then has unique names across scopes already.
+    """
+
+    def call(self, model: ir.Model) -> passes.PassResult:
+        """Runs the step on ``model``."""
+        modified = fix_names_flat(model)
+        if modified is not None:
+            return passes.PassResult(model, modified=modified)
+        common.NameFixPass()(model)
+        _unique_across_scopes(model)
+        return passes.PassResult(model, modified=True)
+
+
 class UniqueNamesAcrossScopes(passes.InPlacePass):
     """Gives every value a name no other graph of the model holds.
 
@@ -256,6 +274,8 @@ def _fix_outputs(model: ir.Model) -> None:
     (onnx.checker and onnxruntime accept it: the source model had it).
     """
     graph = model.graph
+    if not model.functions and not any(_aliased_outputs(g) for g in (graph, *subgraphs(graph))):
+        return  # the pass would add nothing: its two walks of every graph cost more
     passthrough = {v: v.name for v in graph.outputs if v.is_graph_input()}
     common.OutputFixPass()(model)
     for i, out in enumerate(list(graph.outputs)):
@@ -268,6 +288,12 @@ def _fix_outputs(model: ir.Model) -> None:
         graph.outputs[i] = x
         graph.remove(node, safe=True)
         x.name = passthrough[x]
+
+
+def _aliased_outputs(graph: ir.Graph) -> bool:
+    """Whether ``OutputFixPass`` aliases an output of ``graph``: a repeated one or an input."""
+    outputs = graph.outputs
+    return len(set(outputs)) != len(outputs) or any(v.is_graph_input() for v in outputs)
 
 
 def _keep_output_types(
