@@ -90,10 +90,10 @@ def fix_names_flat(model: ir.Model) -> bool | None:
             modified = True
         else:
             used_nodes.add(name)
-        for value in node.inputs:
-            if value is not None and value not in seen:
-                fix_value(value)
-        for value in node.outputs:
-            if value not in seen:
-                fix_value(value)
+        for arg in node.inputs:
+            if arg is not None and arg not in seen:
+                fix_value(arg)
+        for out in node.outputs:
+            if out not in seen:
+                fix_value(out)
     return modified
