@@ -82,7 +82,8 @@ class Cleanup(Steps):
             FixOutputs(),
             FixNames(),
             NameMainGraph(),
-            AnnotateShapes(),
+            # Sorted by SortGraph: the steps between only append output aliases and rename.
+            AnnotateShapes(presorted=True),
             Simplify(),
         )
 
@@ -232,11 +233,19 @@ class AnnotateShapes(passes.InPlacePass):
     """Gives every value its type and the shape that inference knows for sure.
 
     See :func:`_annotate`.
+
+    Args:
+        presorted: Whether the model comes sorted and named, as :class:`SortGraph` leaves it
+            (``infer_shapes(presorted=True)``).
     """
+
+    def __init__(self, *, presorted: bool = False) -> None:
+        super().__init__()
+        self.presorted = presorted
 
     def call(self, model: ir.Model) -> passes.PassResult:
         """Runs the step on ``model``."""
-        _annotate(model)
+        _annotate(model, presorted=self.presorted)
         return passes.PassResult(model, modified=True)
 
 
@@ -312,7 +321,7 @@ def _keep_output_types(
             value.shape = ir.Shape(shape)
 
 
-def _annotate(model: ir.Model) -> None:
+def _annotate(model: ir.Model, *, presorted: bool = False) -> None:
     """Gives every value its type and, where inference knows it for sure, its shape.
 
     The rules build nodes without them; users read them, and onnxruntime trusts them. So no
@@ -334,7 +343,7 @@ def _annotate(model: ir.Model) -> None:
     try:
         # Without the completion rounds: the next transform completes the shapes it needs,
         # and a second round of inference on a derivative model costs a fifth of a transform.
-        infer_shapes(model, complete=False, new_only=True)
+        infer_shapes(model, complete=False, new_only=True, presorted=presorted)
     except (OpUsageError, ShapeInferenceError):
         logger.debug("shape inference stopped on the transformed model", exc_info=True)
     for value in unshaped:
