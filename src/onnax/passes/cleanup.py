@@ -27,6 +27,7 @@ import onnx_ir.passes.common as common
 from onnx_shape_inference import OpUsageError, ShapeInferenceError
 
 from onnax.core.batching import detach
+from onnax.core.fast_ir import new_shape
 from onnax.core.inference import RANK_GUESSED, infer_shapes
 from onnax.core.name_fix import fix_names_flat
 from onnax.core.subgraphs import graph_attributes
@@ -355,7 +356,7 @@ def _annotate(model: ir.Model, *, presorted: bool = False) -> None:
         # them (``forget_guessed_broadcasts`` repairs only the broadcasts themselves, not what
         # follows from them), and a jvp through two Loops then reused an [n] buffer for n + 1
         # values. The rank and the static sizes are kept; the next transform infers the rest.
-        value.shape = ir.Shape(
+        value.shape = new_shape(
             [d if isinstance(d, int) else ir.SymbolicDim(None) for d in value.shape.dims]
         )
 
