@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import onnx_ir as ir
 
-from onnax.core.traverse import all_nodes
+from onnax.core.traverse import all_nodes, subgraphs
 
 __all__ = ["forget_guessed_broadcasts"]
 
@@ -44,15 +44,20 @@ def _sound_dim(dims: list[Dim]) -> Dim | None:
 
 
 def _forget(node: ir.Node) -> None:
-    shapes = [v.shape for v in node.inputs if v is not None]
-    if not shapes or any(s is None for s in shapes):
+    shapes: list[ir.Shape] = []
+    for value in node.inputs:
+        if value is None:
+            continue
+        shape = value.shape
+        if shape is None:
+            return
+        shapes.append(shape)
+    if not shapes:
         return
     if _sound_everywhere(shapes):
         return
-    rank = max(s.rank() for s in shapes if s is not None)
-    padded: list[list[Dim]] = [
-        [*([1] * (rank - s.rank())), *s.dims] for s in shapes if s is not None
-    ]
+    rank = max(s.rank() for s in shapes)
+    padded: list[list[Dim]] = [[*([1] * (rank - s.rank())), *s.dims] for s in shapes]
     for out in node.outputs:
         if out.shape is None or out.shape.rank() != rank or out.is_graph_output():
             continue
@@ -69,7 +74,7 @@ def _forget(node: ir.Node) -> None:
             out.shape = ir.Shape(dims)
 
 
-def _sound_everywhere(shapes: list[ir.Shape | None]) -> bool:
+def _sound_everywhere(shapes: list[ir.Shape]) -> bool:
     """Whether every axis of the broadcast is sound, read off the inputs' shapes at once.
 
     So when one input of the largest rank has only numbers and named symbols, and every
@@ -78,13 +83,16 @@ def _sound_everywhere(shapes: list[ir.Shape | None]) -> bool:
     forget. Most broadcasting nodes of a derivative model combine values of one shape, or a
     value with a scalar or a bias, and the axis by axis look cost a third of this module's time.
     """
-    full = max((s for s in shapes if s is not None), key=lambda s: s.rank())
+    full = shapes[0]  # the first of the largest rank, as max() picks it
+    for shape in shapes:
+        if len(shape.dims) > len(full.dims):
+            full = shape
     dims = full.dims
     if not all(isinstance(d, int) or d.value is not None for d in dims):
         return False
     rank = len(dims)
     for shape in shapes:
-        if shape is full or shape is None:
+        if shape is full:
             continue
         own = shape.dims
         if own == dims:  # tuples: elements compared by identity first
@@ -103,6 +111,8 @@ def forget_guessed_broadcasts(model: ir.Model) -> None:
     A broadcast reading a corrected value is judged on the corrected shape, so chains of
     elementwise operators follow; a graph output keeps what the user declared.
     """
-    for node in all_nodes(model.graph):
-        if node.domain in ("", "ai.onnx") and node.op_type in BROADCASTING:
+    graph = model.graph
+    # The graph itself when it holds no bodies (subgraphs() is walked once per inference).
+    for node in all_nodes(graph) if subgraphs(graph) else graph:
+        if node.op_type in BROADCASTING and node.domain in ("", "ai.onnx"):
             _forget(node)

@@ -26,7 +26,12 @@ __all__ = ["RANK_GUESSED", "infer_shapes"]
 
 
 def infer_shapes(
-    model: ir.Model, *, complete: bool = True, new_only: bool = False, record: bool = False
+    model: ir.Model,
+    *,
+    complete: bool = True,
+    new_only: bool = False,
+    record: bool = False,
+    presorted: bool = False,
 ) -> None:
     """Runs symbolic shape inference in place (sorting first, as inference walks in list order).
 
@@ -56,9 +61,14 @@ def infer_shapes(
             inference, so only prepare's records: reverse mode's second inference (of the
             linearized model) passing over prepare's nodes and not recording, cleanup's passes
             over prepare's nodes again; recording the linearized model cost what it saved.
+        presorted: Whether the caller has just sorted the model
+            (:func:`onnax.core.traverse.sort`) and since then only renamed values or appended
+            nodes reading values placed before them, so that the sort would change nothing
+            (its check walks every node: a fiftieth of a jvp where cleanup sorted just before).
     """
     declared = _declared_io_shapes(model)
-    sort(model.graph)
+    if not presorted:
+        sort(model.graph)
     # Inference and completion change values, never which nodes hold bodies.
     with fixed_nesting(model.graph):
         _infer_past_guesses(model, unchanged(model) if new_only else ())

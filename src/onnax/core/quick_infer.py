@@ -42,6 +42,7 @@ from collections.abc import Collection, Sequence
 import onnx_ir as ir
 import onnx_shape_inference as osi
 
+from onnax.core.fast_ir import new_shape
 from onnax.core.quick_rules import Dim, Known, Result, handler, same_dim, shape_contents
 from onnax.core.traverse import subgraphs
 
@@ -90,7 +91,7 @@ def _merged(out: ir.Value, dtype: ir.DataType | None, shape: ir.Shape) -> ir.Sha
             changed = True
         else:
             return None
-    return ir.Shape(dims) if changed else have
+    return new_shape(dims) if changed else have
 
 
 def settle(model: ir.Model, skipped: Collection[ir.Node]) -> list[ir.Node]:

@@ -17,6 +17,8 @@ import numpy as np
 import onnx_ir as ir
 import onnx_shape_inference as osi
 
+from onnax.core.fast_ir import new_shape
+
 __all__ = ["Dim", "Known", "Result", "Unsure", "handler", "same_dim", "shape_contents"]
 
 Dim = int | ir.SymbolicDim
@@ -163,12 +165,12 @@ def _broadcast(a: ir.Shape, b: ir.Shape) -> ir.Shape:
     da, db = a.dims, b.dims
     if da == db:  # tuples, compared element by element (mostly by identity)
         if all(isinstance(d, int) or d.value is not None for d in da):
-            return ir.Shape(list(da))
+            return new_shape(list(da))
         raise Unsure
     rank = max(len(da), len(db))
     pa = (1,) * (rank - len(da)) + da
     pb = (1,) * (rank - len(db)) + db
-    return ir.Shape([_broadcast_dim(x, y) for x, y in zip(pa, pb, strict=True)])
+    return new_shape([_broadcast_dim(x, y) for x, y in zip(pa, pb, strict=True)])
 
 
 def _binary(node: ir.Node, known: Known) -> Result:
@@ -192,7 +194,7 @@ def _matmul(node: ir.Node, known: Known) -> Result:
     ka, kb = da[-1], db[-2]
     if type(ka) is int and type(kb) is int and ka != kb:
         raise Unsure  # an error
-    batch = _broadcast(ir.Shape(list(da[:-2])), ir.Shape(list(db[:-2])))
+    batch = _broadcast(new_shape(list(da[:-2])), new_shape(list(db[:-2])))
     for x, y in zip(
         (1,) * (len(batch) - len(da) + 2) + da[:-2],
         (1,) * (len(batch) - len(db) + 2) + db[:-2],
@@ -200,7 +202,7 @@ def _matmul(node: ir.Node, known: Known) -> Result:
     ):
         if type(x) is not int and type(y) is not int and not same_dim(x, y):
             raise Unsure  # the engine mints a symbol
-    return [(a.dtype, ir.Shape([*batch.dims, da[-2], db[-1]]))]
+    return [(a.dtype, new_shape([*batch.dims, da[-2], db[-1]]))]
 
 
 def _gemm(node: ir.Node, known: Known) -> Result:
@@ -226,7 +228,7 @@ def _transpose(node: ir.Node, known: Known) -> Result:
     if sorted(perm) != list(range(rank)):
         raise Unsure
     dims = x.shape.dims
-    return [(x.dtype, ir.Shape([dims[i] for i in perm]))]
+    return [(x.dtype, new_shape([dims[i] for i in perm]))]
 
 
 def _reshape(node: ir.Node, known: Known) -> Result:

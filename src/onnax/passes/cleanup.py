@@ -8,8 +8,8 @@ and reordered on its own (onnx_ir's own passes where they do what is needed):
 2. :class:`EliminateCommonSubexpressions` (``CommonSubexpressionEliminationPass`` that keeps
    the outputs' declared types; it leaves no dead code, as the inputs of a duplicate are
    those of its twin, which stays);
-3. :class:`SortGraph`, :class:`FixOutputs`, ``NameFixPass``, :class:`UniqueNamesAcrossScopes`
-   and :class:`NameMainGraph`;
+3. :class:`SortGraph`, :class:`FixOutputs`, :class:`FixNames` (``NameFixPass``, then
+   :class:`UniqueNamesAcrossScopes`) and :class:`NameMainGraph`;
 4. :class:`AnnotateShapes`;
 5. :class:`Simplify`, on the annotated types and shapes: a :class:`FixedPoint` of
    :class:`~onnax.passes.simplify.SimplifyLocally` (chain collapsing, Identity removal,
@@ -27,9 +27,11 @@ import onnx_ir.passes.common as common
 from onnx_shape_inference import OpUsageError, ShapeInferenceError
 
 from onnax.core.batching import detach
+from onnax.core.fast_ir import new_shape
 from onnax.core.inference import RANK_GUESSED, infer_shapes
+from onnax.core.name_fix import fix_names_flat
 from onnax.core.subgraphs import graph_attributes
-from onnax.core.traverse import model_graphs
+from onnax.core.traverse import model_graphs, subgraphs
 from onnax.passes.cse import eliminate_common_subexpressions
 from onnax.passes.fast_steps import RemoveUnusedNodes, SortGraph
 from onnax.passes.simplify import SimplifyLocally, remove_unused
@@ -39,6 +41,7 @@ __all__ = [
     "AnnotateShapes",
     "Cleanup",
     "EliminateCommonSubexpressions",
+    "FixNames",
     "FixOutputs",
     "FixedPoint",
     "NameMainGraph",
@@ -78,10 +81,10 @@ class Cleanup(Steps):
             EliminateCommonSubexpressions(),
             SortGraph(),
             FixOutputs(),
-            common.NameFixPass(),
-            UniqueNamesAcrossScopes(),
+            FixNames(),
             NameMainGraph(),
-            AnnotateShapes(),
+            # Sorted by SortGraph: the steps between only append output aliases and rename.
+            AnnotateShapes(presorted=True),
             Simplify(),
         )
 
@@ -97,8 +100,7 @@ class Simplify(Steps):
             FixedPoint(SimplifyLocally(), EliminateCommonSubexpressions()),
             RemoveDeadNodes(),
             RemoveUnusedNodes(),
-            common.NameFixPass(),
-            UniqueNamesAcrossScopes(),
+            FixNames(),
         )
 
     def call(self, model: ir.Model) -> passes.PassResult:
@@ -187,6 +189,24 @@ class FixOutputs(passes.InPlacePass):
         return passes.PassResult(model, modified=True)
 
 
+class FixNames(passes.InPlacePass):
+    """``NameFixPass``, then :class:`UniqueNamesAcrossScopes`.
+
+    A model without subgraphs or functions, as most derivative models are, is named in one
+    loop (:func:`onnax.core.name_fix.fix_names_flat`, the very names the pass gives), and
+    its single graph then has unique names across scopes already.
+    """
+
+    def call(self, model: ir.Model) -> passes.PassResult:
+        """Runs the step on ``model``."""
+        modified = fix_names_flat(model)
+        if modified is not None:
+            return passes.PassResult(model, modified=modified)
+        common.NameFixPass()(model)
+        _unique_across_scopes(model)
+        return passes.PassResult(model, modified=True)
+
+
 class UniqueNamesAcrossScopes(passes.InPlacePass):
     """Gives every value a name no other graph of the model holds.
 
@@ -214,11 +234,19 @@ class AnnotateShapes(passes.InPlacePass):
     """Gives every value its type and the shape that inference knows for sure.
 
     See :func:`_annotate`.
+
+    Args:
+        presorted: Whether the model comes sorted and named, as :class:`SortGraph` leaves it
+            (``infer_shapes(presorted=True)``).
     """
+
+    def __init__(self, *, presorted: bool = False) -> None:
+        super().__init__()
+        self.presorted = presorted
 
     def call(self, model: ir.Model) -> passes.PassResult:
         """Runs the step on ``model``."""
-        _annotate(model)
+        _annotate(model, presorted=self.presorted)
         return passes.PassResult(model, modified=True)
 
 
@@ -256,6 +284,8 @@ def _fix_outputs(model: ir.Model) -> None:
     (onnx.checker and onnxruntime accept it: the source model had it).
     """
     graph = model.graph
+    if not model.functions and not any(_aliased_outputs(g) for g in (graph, *subgraphs(graph))):
+        return  # the pass would add nothing: its two walks of every graph cost more
     passthrough = {v: v.name for v in graph.outputs if v.is_graph_input()}
     common.OutputFixPass()(model)
     for i, out in enumerate(list(graph.outputs)):
@@ -268,6 +298,12 @@ def _fix_outputs(model: ir.Model) -> None:
         graph.outputs[i] = x
         graph.remove(node, safe=True)
         x.name = passthrough[x]
+
+
+def _aliased_outputs(graph: ir.Graph) -> bool:
+    """Whether ``OutputFixPass`` aliases an output of ``graph``: a repeated one or an input."""
+    outputs = graph.outputs
+    return len(set(outputs)) != len(outputs) or any(v.is_graph_input() for v in outputs)
 
 
 def _keep_output_types(
@@ -286,7 +322,7 @@ def _keep_output_types(
             value.shape = ir.Shape(shape)
 
 
-def _annotate(model: ir.Model) -> None:
+def _annotate(model: ir.Model, *, presorted: bool = False) -> None:
     """Gives every value its type and, where inference knows it for sure, its shape.
 
     The rules build nodes without them; users read them, and onnxruntime trusts them. So no
@@ -308,7 +344,7 @@ def _annotate(model: ir.Model) -> None:
     try:
         # Without the completion rounds: the next transform completes the shapes it needs,
         # and a second round of inference on a derivative model costs a fifth of a transform.
-        infer_shapes(model, complete=False, new_only=True)
+        infer_shapes(model, complete=False, new_only=True, presorted=presorted)
     except (OpUsageError, ShapeInferenceError):
         logger.debug("shape inference stopped on the transformed model", exc_info=True)
     for value in unshaped:
@@ -320,7 +356,7 @@ def _annotate(model: ir.Model) -> None:
         # them (``forget_guessed_broadcasts`` repairs only the broadcasts themselves, not what
         # follows from them), and a jvp through two Loops then reused an [n] buffer for n + 1
         # values. The rank and the static sizes are kept; the next transform infers the rest.
-        value.shape = ir.Shape(
+        value.shape = new_shape(
             [d if isinstance(d, int) else ir.SymbolicDim(None) for d in value.shape.dims]
         )
 
