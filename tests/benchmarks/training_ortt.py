@@ -52,6 +52,36 @@ def _loss_only(path: str) -> onnx.ModelProto:
     keep = [o for o in model.graph.output if o.name == "loss"]
     del model.graph.output[:]
     model.graph.output.extend(keep)
+    return _sum_as_add(model)
+
+
+def _sum_as_add(model: onnx.ModelProto) -> onnx.ModelProto:
+    """Every ``Sum`` spelled as a chain of ``Add`` nodes: the same function.
+
+    onnxruntime-training 1.19.2 has no gradient builder for ``Sum`` ("The gradient builder has
+    not been registered: Sum"), which the light zoo's resnet50 and shufflenet use for their
+    residual additions (opset 9), so it could not build their training graphs at all. Only its
+    copy of the model is rewritten; onnax's gradient is of the model as it is.
+    """
+    nodes = []
+    for node in model.graph.node:
+        if node.op_type != "Sum" or node.domain not in ("", "ai.onnx"):
+            nodes.append(node)
+            continue
+        total = node.input[0]
+        for k, term in enumerate(node.input[1:], start=1):
+            last = k == len(node.input) - 1
+            out = node.output[0] if last else f"{node.output[0]}__sum{k}"
+            nodes.append(
+                onnx.helper.make_node("Add", [total, term], [out], name=f"{node.name}_{k}")
+            )
+            total = out
+        if len(node.input) == 1:
+            nodes.append(
+                onnx.helper.make_node("Identity", [total], [node.output[0]], name=node.name)
+            )
+    del model.graph.node[:]
+    model.graph.node.extend(nodes)
     return model
 
 
