@@ -249,10 +249,10 @@ CHECKS = {
 }
 
 # The three with fully connected heads of 60M+ weights (alexnet 61M, zfnet 87M, vgg19 144M)
-# take one to three minutes per check on two cores, everything else seconds: together they
-# were over half of the whole suite's time. The default run keeps the first-order check of
-# alexnet and zfnet (their weight gradients through the 100M-element heads) and leaves vgg19
-# and their second-order checks to tests/benchmarks/zoo_sweep.py, which runs every pair
+# took one to three minutes per check on a loaded two-core machine, everything else seconds:
+# together about an eighth of the suite's worker time. The default run keeps the first-order
+# check of alexnet and zfnet (their weight gradients through the 100M-element heads) and leaves
+# vgg19 and their second-order checks to tests/benchmarks/zoo_sweep.py, which runs every pair
 # (vgg19's architecture, Conv/Relu/MaxPool/Gemm, is alexnet's and zfnet's at a larger size).
 SLOW = {"bvlc_alexnet", "vgg19", "zfnet512"}
 SAMPLED = {("bvlc_alexnet", "grad_jvp"), ("zfnet512", "grad_jvp")}
