@@ -85,6 +85,20 @@ def _sum_as_add(model: onnx.ModelProto) -> onnx.ModelProto:
     return model
 
 
+def _brief(message: str, limit: int = 400) -> str:
+    """``message`` on one line, at most ``limit`` characters: its start and its end.
+
+    onnxruntime-training's errors open with a source location and close with what failed (the
+    operator whose gradient builder is missing: "... not been registered: Sum"), so a cut that
+    keeps only the start drops the part that says what to change.
+    """
+    flat = " ".join(message.split())
+    if len(flat) <= limit:
+        return flat
+    head = limit // 3
+    return f"{flat[:head]} ... {flat[-(limit - head - 5) :]}"
+
+
 def case(item: dict[str, Any], rounds: int, scratch: Path) -> dict[str, Any]:
     model = _loss_only(item["model"])
     try:
@@ -98,7 +112,7 @@ def case(item: dict[str, Any], rounds: int, scratch: Path) -> dict[str, Any]:
             artifact_directory=str(scratch),
         )
     except Exception as err:  # a refusal is the finding: report it and go on
-        return {"error": f"generate_artifacts: {type(err).__name__}: {err}"[:400]}
+        return {"error": _brief(f"generate_artifacts: {type(err).__name__}: {err}")}
     graph = onnx.load(str(scratch / "training_model.onnx")).graph
     domains = collections.Counter(n.domain or "ai.onnx" for n in graph.node)
     x = np.load(item["x"])
@@ -114,7 +128,7 @@ def case(item: dict[str, Any], rounds: int, scratch: Path) -> dict[str, Any]:
     try:
         grad = ort.InferenceSession(item["onnax"], _options(), providers=["CPUExecutionProvider"])
     except Exception as err:  # onnax's opset may be newer than this onnxruntime's
-        grad, grad_error = None, f"{type(err).__name__}: {err}"[:300]
+        grad, grad_error = None, _brief(f"{type(err).__name__}: {err}")
     else:
         grad_error = None
     names = [i.name for i in primal.get_inputs()]
