@@ -12,8 +12,9 @@ interleaved rounds, medians; ratios are the classic form's time over the form's,
 * ``onnax:<form>``: the vjp of the Conv w.r.t. its weight as onnax emits it with
   ``choose_form`` forced to ``<form>`` (its forward Conv pruned): ``classic`` (a Conv of ``x``
   with ``g`` as the kernel), ``im2col`` (one-hot 3-D Conv extraction + Transpose + batched
-  matrix-vector MatMul), ``depthwise`` (Slice + Mul + ReduceSum per kernel offset) and
-  ``banded`` (:mod:`onnax.rules._conv_grad_depthwise`);
+  matrix-vector MatMul), ``depthwise`` (Slice + Mul + ReduceSum per kernel offset),
+  ``banded`` and, for one example at stride 1, ``toeplitz`` (both
+  :mod:`onnax.rules._conv_grad_depthwise`);
 * ``im2col_mv``: the im2col with the product the other way round, ``[N*C, K, P] @ [N*C, P, 1]``
   summed over the batch (no Transpose), built as a plain graph (``bench_conv_grad.py``).
 
@@ -113,7 +114,9 @@ def bench(cases: Sequence[tuple[int, int, int, int]], batches: Sequence[int], ro
             runs: dict[str, Callable[[], object]] = {}
             nodes: dict[str, int] = {}
             ref = None
-            for form in ONNAX_FORMS:
+            # The Toeplitz GEMM is built for one example at stride 1 only.
+            toeplitz = ["toeplitz"] if n == 1 and s == 1 else []
+            for form in [*ONNAX_FORMS, *toeplitz]:
                 wg = onnax_weight_gradient(model, form)
                 nodes[form] = len(list(wg.graph))
                 sess = _session(ir.to_proto(wg))

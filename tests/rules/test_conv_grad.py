@@ -292,7 +292,7 @@ def _weight_gradient_ops(case: Case) -> Counter[str]:
         ("dw_large_strided", "classic"),
         ("patch_small", "channels"),
         ("patch_large", "classic"),
-        ("dw_large_few_rows", "classic"),
+        ("dw_large_few_rows", "toeplitz"),  # one example, stride 1, 49 taps
         ("dw_multiplier", "channels"),  # 36 output positions: still the GEMM over N * P
         ("im2col_3x3", "channels"),
         ("im2col_grouped_strided_dilated", "channels"),
@@ -312,12 +312,13 @@ def test_form_chosen(name: str, form: str) -> None:
     taps = int(np.prod(w.shape.numpy()[2:]))
     assert ops["Conv"] == (form in ("im2col", "channels", "classic")), ops
     products = ops["MatMul"] + ops["Gemm"]
-    assert bool(products) == (form in ("matmul", "im2col", "channels", "banded")), ops
+    assert bool(products) == (form in ("matmul", "im2col", "channels", "banded", "toeplitz")), ops
     # The channels-major im2col sums over the batch inside its one GEMM; the per-example
     # forms sum their products after.
-    assert (ops["ReduceSum"] == 0) == (form in ("channels", "classic")), ops
-    # The banded GEMM: the rows picked and the band read by Gathers.
-    assert bool(ops["Gather"]) == (form == "banded"), ops
+    assert (ops["ReduceSum"] == 0) == (form in ("channels", "classic", "toeplitz")), ops
+    # The banded GEMM: the rows picked and the band read by Gathers; the Toeplitz GEMM: the rows.
+    assert bool(ops["Gather"]) == (form in ("banded", "toeplitz")), ops
+    assert bool(ops["Expand"]) == (form == "toeplitz"), ops  # the cotangent's shifted copies
     # The shifts form: one Mul and one ReduceSum per kernel element, no MatMul or Conv.
     shifts = ops["ReduceSum"] == taps == ops["Mul"] and not ops["MatMul"]
     assert shifts == (form == "shifts"), ops

@@ -41,6 +41,15 @@ where single figures scatter by 2x; ratios are the classic form's time over the 
   -> 6.2 and 6.7 -> 6.3 (2317 -> 1962 nodes). There the strided depthwise Convs of a batch
   take the classic Conv (part of those figures); the shifts stay for one example (shufflenet
   at batch 1: the classic Conv 9 % slower overall) and too few rows.
+* **Toeplitz** (depthwise 2-D, a static batch of 1, stride and dilation 1, more than 16 kernel
+  elements, at least 64 output positions): :func:`~onnax.rules._conv_grad_depthwise.toeplitz`,
+  one GEMM per channel ``[kh, O'*Wp] @ [O'*Wp, kw]`` of the input's rows shifted by each
+  kernel row and the cotangent's columns shifted by each kernel column (built by block copies),
+  with no wasted product. At batch 1 both the banded GEMM (``Wp / kw`` times the work, thin)
+  and the classic Conv (a matrix-vector product per channel) were slow: convnext's 7x7 at
+  56x56x96 / 28x28x192 / 14x14x384 1.96x / 1.73x / 1.35x the classic form, where the banded
+  GEMM measured 0.79x / 0.79x / 0.61x (``bench_depthwise_grad.py --batches 1``); 7x7 maps stay
+  with the classic Conv (0.92x).
 * **im2col** (1-D and 3-D static kernels where the output has at least 128 positions per example,
   or run-time spatial sizes): a Conv with a one-hot kernel ``[K, 1, k]`` over every channel on
   its own (``[N*C, 1, D] -> [N*C, K, O]``: the node's own strides, dilations and pads; for 2-D
@@ -98,7 +107,13 @@ import numpy as np
 import onnx_ir as ir
 
 from onnax.core.emit import Emitter
-from onnax.rules._conv_grad_depthwise import banded, banded_fits, tiles_input
+from onnax.rules._conv_grad_depthwise import (
+    banded,
+    banded_fits,
+    tiles_input,
+    toeplitz,
+    toeplitz_fits,
+)
 from onnax.rules._windows import (
     Param,
     Window,
@@ -162,6 +177,8 @@ def weight_gradient(
         return _depthwise_shifts(em, inp, grad, win, kernel, rank)
     if form == "banded":
         return banded(em, inp, grad, win, kernel, rank)
+    if form == "toeplitz":
+        return toeplitz(em, inp, grad, win, kernel)
     if form == "im2col":
         return _im2col(em, inp, inp_like, grad, weight, win, kernel, group, rank)
     return _classic(em, inp, inp_like, grad, win, group, rank)
@@ -170,8 +187,8 @@ def weight_gradient(
 def choose_form(win: Window, weight: ir.Value, inp_like: ir.Value, group: int, rank: int) -> str:
     """The form of the weight gradient (module doc).
 
-    One of ``pointwise``, ``depthwise``, ``banded``, ``im2col`` or ``classic``. The benchmark
-    patches it to time the classic form in the same process.
+    One of ``pointwise``, ``depthwise``, ``banded``, ``toeplitz``, ``im2col`` or ``classic``.
+    The benchmark patches it to time the classic form in the same process.
     """
     kernel = [k for k in win.kernel if isinstance(k, int)]
     if len(kernel) < rank - 2:
@@ -184,6 +201,8 @@ def choose_form(win: Window, weight: ir.Value, inp_like: ir.Value, group: int, r
     if is_depthwise(weight, inp_like, group) and _static_pads(win):
         if banded_fits(win, inp_like):
             return "banded"
+        if toeplitz_fits(win, inp_like, kernel, rank):
+            return "toeplitz"
         # Small kernels of one example or of few rows keep the shifts (shufflenet at batch 1:
         # the classic Conv 9 % slower overall); strided ones of a batch take the classic Conv
         # (the shifts' strided Slices are slow). Larger kernels: the im2col measured slowest of
