@@ -19,6 +19,7 @@ import pytest
 
 import onnax
 from cases import Case, case_id, parametrize, run_case
+from oracles import check_vmap
 from rules.test_conv import _conv
 
 CASES = [
@@ -113,3 +114,19 @@ def test_matches_numpy_at_convnext_size() -> None:
             window = padded[0, :, a : a + 56, b : b + 56]
             expected[:, 0, a, b] = np.einsum("cij,cij->c", g[0].astype(np.float64), window)
     np.testing.assert_allclose(dw, expected, rtol=2e-5, atol=2e-4)
+
+
+@pytest.mark.parametrize("name", ["toeplitz_7x7", "toeplitz_uneven_pads", "toeplitz_bias"])
+def test_vmap_of_weight_gradient(name: str) -> None:
+    """Per-example weight gradients (vmap of the batch-1 vjp): the Toeplitz form batched by
+    the Gather, Pad, Expand, Slice and MatMul rules, against a loop of single runs."""
+    case = next(c for c in CASES if c.name == name)
+    grad = onnax.vjp(case.model("float", 13), ["W"])
+    assert _weight_gradient_ops(case)["Expand"] == 1
+    rng = np.random.default_rng(4)
+    feeds = {
+        v.name: rng.standard_normal([int(d) for d in v.shape.dims]).astype(np.float32)
+        for v in grad.graph.inputs
+    }
+    axes = {v.name: (0 if v.name in ("X", "adj_Y") else None) for v in grad.graph.inputs}
+    check_vmap(grad, feeds, in_axes=axes)
