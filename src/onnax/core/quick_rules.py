@@ -19,7 +19,16 @@ import onnx_shape_inference as osi
 
 from onnax.core.fast_ir import new_shape
 
-__all__ = ["Dim", "Known", "Result", "Unsure", "handler", "same_dim", "shape_contents"]
+__all__ = [
+    "Dim",
+    "Known",
+    "Result",
+    "Unsure",
+    "data_input",
+    "handler",
+    "same_dim",
+    "shape_contents",
+]
 
 Dim = int | ir.SymbolicDim
 Result = list[tuple[ir.DataType | None, ir.Shape | None]]
@@ -100,6 +109,10 @@ def _data(value: ir.Value | None, known: Known) -> ir.Value:
     if dtype is None or dtype in _TRACKED or value.shape is None:
         raise Unsure
     return value
+
+
+data_input = _data
+"""For the rules of other modules (:mod:`onnax.core.quick_conv`)."""
 
 
 def _ints(value: ir.Value | None) -> list[int]:
@@ -538,13 +551,22 @@ _HANDLERS: dict[tuple[str, int], _Handler | None] = {}
 """Per operator and opset, the handler, or None where the engine's rule is not the one mimicked."""
 
 
+@functools.cache
+def _more_rules() -> dict[str, tuple[str, _Handler]]:
+    # Imported here: quick_conv builds on this module's helpers.
+    from onnax.core.quick_conv import RULES
+
+    return RULES
+
+
 def handler(op_type: str, opset: int) -> _Handler | None:
     """The handler of an operator at an opset, if the engine's rule there is the one it copies."""
     key = (op_type, opset)
     if key not in _HANDLERS:
         handler = None
-        if op_type in _RULES:
-            expected, candidate = _RULES[op_type]
+        rules = _RULES if op_type in _RULES else _more_rules()
+        if op_type in rules:
+            expected, candidate = rules[op_type]
             osi.registry.collect()
             func = osi.registry.get("", op_type, version=opset)
             if func is not None and f"{func.__module__}.{func.__name__}" == (
