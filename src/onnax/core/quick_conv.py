@@ -10,6 +10,7 @@ rounds ran it for one ``Conv`` left, and its whole-model walks were half of the 
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 
 import onnx_ir as ir
 
@@ -81,7 +82,7 @@ def _batch_norm(node: ir.Node, known: Known) -> Result:
     return [(x.dtype, x.shape)]
 
 
-RULES = {
+RULES: dict[str, tuple[str, Callable[[ir.Node, Known], Result]]] = {
     "Conv": ("_conv.infer_conv", _conv),
     "BatchNormalization": ("_normalization.infer_batch_normalization", _batch_norm),
 }
