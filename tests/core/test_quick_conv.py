@@ -1,4 +1,4 @@
-"""The quick rules of Conv and BatchNormalization change nothing that inference finds.
+"""The quick rules of Conv, pooling and BatchNormalization change nothing that inference finds.
 
 As in ``test_quick_infer.py``: each model is inferred with the quick inference and without it
 (every node by onnx_shape_inference), and every value's type, dimensions and constant must be
@@ -51,6 +51,47 @@ def test_conv_infers_the_same(case: str, monkeypatch: pytest.MonkeyPatch) -> Non
     _compare(model, monkeypatch, infer_shapes)
 
 
+POOLS = {
+    "max": ("MaxPool", "[N, 3, 9, 9]", "<kernel_shape = [3, 3], strides = [2, 2]>"),
+    "max ceil": (
+        "MaxPool",
+        "[1, 3, 8, 7]",
+        "<kernel_shape = [3, 2], strides = [2, 2], ceil_mode = 1>",
+    ),
+    "max pads": ("MaxPool", "[N, 2, 6, 6]", "<kernel_shape = [3, 3], pads = [1, 1, 1, 1]>"),
+    "max dilations": ("MaxPool", "[N, 2, 9, 9]", "<kernel_shape = [2, 2], dilations = [2, 3]>"),
+    "max same": (
+        "MaxPool",
+        "[N, 2, 7, 5]",
+        '<kernel_shape = [3, 3], auto_pad = "SAME_UPPER", strides = [2, 2]>',
+    ),
+    "average": ("AveragePool", "[N, 3, 9, 9]", "<kernel_shape = [2, 2], strides = [2, 2]>"),
+    "average ceil": (
+        "AveragePool",
+        "[2, 3, 10]",
+        "<kernel_shape = [3], strides = [3], ceil_mode = 1, pads = [0, 2]>",
+    ),
+    "global average": ("GlobalAveragePool", "[N, 3, 4, 5]", ""),
+    "global max": ("GlobalMaxPool", "[N, 3, 4, 5, 2]", ""),
+    "symbolic size": ("MaxPool", "[N, 3, H, 9]", "<kernel_shape = [2, 2]>"),
+}
+
+
+@pytest.mark.parametrize("case", POOLS)
+def test_pooling_infers_the_same(case: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    op_type, x, attrs = POOLS[case]
+    model = ir.from_onnx_text(
+        f"""<ir_version: 10, opset_import: ["" : 21]>
+        g (float{x} x) => (float y) {{
+            p = {op_type} {attrs} (x)
+            r = Relu (p)
+            y = ReduceSum <keepdims = 0> (r)
+        }}"""
+    )
+    model.graph.outputs[0].shape = ir.Shape([])
+    _compare(model, monkeypatch, infer_shapes)
+
+
 def test_batch_normalization_infers_the_same(monkeypatch: pytest.MonkeyPatch) -> None:
     model = ir.from_onnx_text(
         """<ir_version: 10, opset_import: ["" : 21]>
@@ -66,7 +107,8 @@ def test_batch_normalization_infers_the_same(monkeypatch: pytest.MonkeyPatch) ->
 
 def test_the_rules_are_used() -> None:
     """Not vacuous: Conv and BatchNormalization nodes are settled by the quick inference."""
-    assert handler("Conv", 21) is not None and handler("BatchNormalization", 21) is not None
+    for op_type in ("Conv", "BatchNormalization", "MaxPool", "AveragePool", "GlobalAveragePool"):
+        assert handler(op_type, 21) is not None
     model = ir.from_onnx_text(
         """<ir_version: 10, opset_import: ["" : 21]>
         g (float[1, 3, 8, 8] x) => (float[1, 4, 6, 6] y) {
