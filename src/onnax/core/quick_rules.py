@@ -24,6 +24,7 @@ __all__ = [
     "Known",
     "Result",
     "Unsure",
+    "add_rules",
     "data_input",
     "handler",
     "same_dim",
@@ -551,12 +552,10 @@ _HANDLERS: dict[tuple[str, int], _Handler | None] = {}
 """Per operator and opset, the handler, or None where the engine's rule is not the one mimicked."""
 
 
-@functools.cache
-def _more_rules() -> dict[str, tuple[str, _Handler]]:
-    # Imported here: quick_conv builds on this module's helpers.
-    from onnax.core.quick_conv import RULES
-
-    return RULES
+def add_rules(rules: dict[str, tuple[str, _Handler]]) -> None:
+    """Adds the rules of another module (:mod:`onnax.core.quick_conv`), which builds on these."""
+    _RULES.update(rules)
+    _HANDLERS.clear()
 
 
 def handler(op_type: str, opset: int) -> _Handler | None:
@@ -564,9 +563,8 @@ def handler(op_type: str, opset: int) -> _Handler | None:
     key = (op_type, opset)
     if key not in _HANDLERS:
         handler = None
-        rules = _RULES if op_type in _RULES else _more_rules()
-        if op_type in rules:
-            expected, candidate = rules[op_type]
+        if op_type in _RULES:
+            expected, candidate = _RULES[op_type]
             osi.registry.collect()
             func = osi.registry.get("", op_type, version=opset)
             if func is not None and f"{func.__module__}.{func.__name__}" == (
