@@ -87,9 +87,24 @@ _NODE_KEY = operator.attrgetter(
     "_op_type", "_domain", "_overload", "_version", "_name", "_inputs", "_outputs"
 )
 _VALUE_KEY = operator.attrgetter("_name", "_type", "_shape")
-_SLOTS_KNOWN = {"_op_type", "_domain", "_overload", "_version", "_name", "_inputs"} <= set(
-    ir.Node.__slots__
-) and {"_name", "_type", "_shape"} <= set(ir.Value.__slots__)
+
+
+def _slots_known() -> bool:
+    """Whether nodes and values keep what the keys read in those slots, inputs as tuples."""
+    node_slots = {"_op_type", "_domain", "_overload", "_version", "_name", "_inputs", "_outputs"}
+    if not (
+        node_slots <= set(ir.Node.__slots__)
+        and {"_name", "_type", "_shape"} <= set(ir.Value.__slots__)
+    ):
+        return False
+    x = ir.Value(name="x")
+    node = ir.Node("", "Identity", [x], name="n")
+    key = _NODE_KEY(node)
+    # Hashed as they are: tuples, which an edit replaces (a list edited in place would not be).
+    return key[4] == "n" and key[5] == (x,) and type(key[5]) is tuple and type(key[6]) is tuple
+
+
+_SLOTS_KNOWN = _slots_known()
 
 
 def _graph_parts(graph: ir.Graph, parts: list[Hashable]) -> None:
