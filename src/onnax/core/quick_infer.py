@@ -42,11 +42,22 @@ from collections.abc import Collection, Sequence
 import onnx_ir as ir
 import onnx_shape_inference as osi
 
+from onnax.core import quick_conv
 from onnax.core.fast_ir import new_shape
-from onnax.core.quick_rules import Dim, Known, Result, handler, same_dim, shape_contents
+from onnax.core.quick_rules import (
+    Dim,
+    Known,
+    Result,
+    add_rules,
+    handler,
+    same_dim,
+    shape_contents,
+)
 from onnax.core.traverse import subgraphs
 
 __all__ = ["engine_idle", "settle"]
+
+add_rules(quick_conv.RULES)  # convolutions and pooling: a module of their own
 
 
 def _fully_known(shape: ir.Shape | None) -> bool:

@@ -19,7 +19,17 @@ import onnx_shape_inference as osi
 
 from onnax.core.fast_ir import new_shape
 
-__all__ = ["Dim", "Known", "Result", "Unsure", "handler", "same_dim", "shape_contents"]
+__all__ = [
+    "Dim",
+    "Known",
+    "Result",
+    "Unsure",
+    "add_rules",
+    "data_input",
+    "handler",
+    "same_dim",
+    "shape_contents",
+]
 
 Dim = int | ir.SymbolicDim
 Result = list[tuple[ir.DataType | None, ir.Shape | None]]
@@ -100,6 +110,10 @@ def _data(value: ir.Value | None, known: Known) -> ir.Value:
     if dtype is None or dtype in _TRACKED or value.shape is None:
         raise Unsure
     return value
+
+
+data_input = _data
+"""For the rules of other modules (:mod:`onnax.core.quick_conv`)."""
 
 
 def _ints(value: ir.Value | None) -> list[int]:
@@ -536,6 +550,12 @@ function name) and the handler mimicking it."""
 
 _HANDLERS: dict[tuple[str, int], _Handler | None] = {}
 """Per operator and opset, the handler, or None where the engine's rule is not the one mimicked."""
+
+
+def add_rules(rules: dict[str, tuple[str, _Handler]]) -> None:
+    """Adds the rules of another module (:mod:`onnax.core.quick_conv`), which builds on these."""
+    _RULES.update(rules)
+    _HANDLERS.clear()
 
 
 def handler(op_type: str, opset: int) -> _Handler | None:

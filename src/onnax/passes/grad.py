@@ -9,6 +9,7 @@ import onnx_ir as ir
 from onnax.core.emit import Emitter
 from onnax.core.gcpause import gc_paused
 from onnax.core.naming import NameClaims, diff_prefix, io_names
+from onnax.core.produced import remember
 from onnax.core.selection import format_shape, is_float, select_inputs, select_outputs
 from onnax.core.traverse import all_nodes
 from onnax.errors import SelectionError
@@ -135,4 +136,4 @@ class GradPass(ir.passes.FunctionalPass):
         # A control-flow rule may have replaced the node producing the loss (see transpose).
         loss = lin.replaced.get(y, y)
         self.remat_stats = rematerialize(model, [seed], self.remat, loss)
-        return ir.passes.PassResult(cleanup(model), modified=True)
+        return ir.passes.PassResult(remember(cleanup(model)), modified=True)

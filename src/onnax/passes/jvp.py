@@ -9,6 +9,7 @@ import onnx_ir as ir
 from onnax.core.emit import Emitter
 from onnax.core.gcpause import gc_paused
 from onnax.core.naming import NameClaims, derivative_outputs, diff_prefix, io_names
+from onnax.core.produced import remember
 from onnax.core.selection import select_inputs, select_outputs
 from onnax.core.traverse import all_nodes
 from onnax.passes.accumulate import Accumulate, accumulate_in_float, check_accumulate
@@ -81,4 +82,4 @@ class JvpPass(ir.passes.FunctionalPass):
         ys = [lin.replaced.get(y, y) for y in ys]  # forward mode replaces control-flow nodes
         append_outputs(em, graph, claims, prefix, [(y, lin.tangent.get(y)) for y in ys], "jvp")
         accumulate_in_float(model, primal, self.accumulate)
-        return ir.passes.PassResult(cleanup(model), modified=True)
+        return ir.passes.PassResult(remember(cleanup(model)), modified=True)

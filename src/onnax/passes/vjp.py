@@ -9,6 +9,7 @@ import onnx_ir as ir
 from onnax.core.emit import Emitter
 from onnax.core.gcpause import gc_paused
 from onnax.core.naming import NameClaims, diff_prefix, io_names
+from onnax.core.produced import remember
 from onnax.core.selection import select_inputs, select_outputs
 from onnax.passes.accumulate import Accumulate, accumulate_in_float, check_accumulate
 from onnax.passes.cleanup import cleanup
@@ -96,4 +97,4 @@ class VjpPass(ir.passes.FunctionalPass):
             if seeds
             else RematStats()
         )
-        return ir.passes.PassResult(cleanup(model), modified=True)
+        return ir.passes.PassResult(remember(cleanup(model)), modified=True)

@@ -23,6 +23,7 @@ import onnx_ir as ir
 from onnax.core.batching import Batcher, RandomnessPolicy, detach, is_sequence
 from onnax.core.diagnostics import RANDOM_OPS, node_label, op_label
 from onnax.core.gcpause import gc_paused
+from onnax.core.produced import remember
 from onnax.core.registry import batch_rules
 from onnax.core.selection import format_shape
 from onnax.core.subgraphs import graph_attributes, subgraph_reads
@@ -268,7 +269,7 @@ class VmapPass(ir.passes.FunctionalPass):
             new.type = y.type
             new.shape = ir.Shape(dims) if dims is not None else None
             graph.outputs[i] = new
-        return ir.passes.PassResult(cleanup(model), modified=True)
+        return ir.passes.PassResult(remember(cleanup(model)), modified=True)
 
 
 def _draws_inside(graphs: Sequence[ir.Graph]) -> bool:
