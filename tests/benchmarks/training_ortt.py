@@ -54,6 +54,15 @@ def _loss_only(path: str) -> onnx.ModelProto:
     keep = [o for o in model.graph.output if o.name == "loss"]
     del model.graph.output[:]
     model.graph.output.extend(keep)
+    return respelled(model)
+
+
+def respelled(model: onnx.ModelProto) -> onnx.ModelProto:
+    """``model`` (in place) in the forms onnxruntime-training 1.19.2 has gradient builders for.
+
+    The same function: every ``Sum`` as ``Add`` nodes, every LayerNormalization with its
+    optional statistics declared (:func:`_sum_as_add`, :func:`_layer_norm_statistics`).
+    """
     return _layer_norm_statistics(_sum_as_add(model))
 
 
