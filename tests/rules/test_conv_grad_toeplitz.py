@@ -10,8 +10,6 @@ MatMul, no Conv.
 
 from __future__ import annotations
 
-from collections import Counter
-
 import numpy as np
 import onnx_ir as ir
 import onnxruntime as ort
@@ -21,6 +19,7 @@ import onnax
 from cases import Case, case_id, parametrize, run_case
 from oracles import check_vmap
 from rules.test_conv import _conv
+from rules.test_conv_grad import _weight_gradient_ops
 
 CASES = [
     _conv("toeplitz_7x7", "1, 3, 9, 9", "3, 1, 7, 7", "1, 3, 9, 9", "group=3, pads=[3, 3, 3, 3]"),
@@ -71,12 +70,6 @@ NOT_TAKEN = [
 @pytest.mark.parametrize(("case", "dtype", "opset"), parametrize(CASES), ids=case_id)
 def test_rule(case: Case, dtype: str, opset: int) -> None:
     run_case(case, dtype, opset)
-
-
-def _weight_gradient_ops(case: Case) -> Counter[str]:
-    model = case.model("float", case.opsets[-1])
-    primal = Counter(n.op_type for n in model.graph)
-    return Counter(n.op_type for n in onnax.vjp(model, ["W"]).graph) - primal
 
 
 @pytest.mark.parametrize("name", [c.name for c in CASES])

@@ -13,7 +13,7 @@ through ``get_const_tensor``, the tensor takes the output's name, which the resu
 from __future__ import annotations
 
 import math
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 
 import onnx_ir as ir
 
@@ -26,6 +26,21 @@ __all__ = ["RULES"]
 def _ints_attr(node: ir.Node, name: str, default: list[int]) -> list[int]:
     attr = node.attributes.get(name)
     return list(attr.as_ints()) if attr is not None else default
+
+
+def _check_window(
+    n: int, kernel: Sequence[Dim], strides: list[int], dilations: list[int], pads: list[int]
+) -> None:
+    """Raises Unsure unless the window attributes have ``n`` axes and positive steps."""
+    if (
+        len(kernel) != n
+        or len(strides) != n
+        or len(dilations) != n
+        or len(pads) != 2 * n
+        or any(s <= 0 for s in strides)
+        or any(d <= 0 for d in dilations)
+    ):
+        raise Unsure
 
 
 def _conv(node: ir.Node, known: Known) -> Result:
@@ -51,15 +66,8 @@ def _conv(node: ir.Node, known: Known) -> Result:
     auto_pad_attr = node.attributes.get("auto_pad")
     auto_pad = auto_pad_attr.as_string() if auto_pad_attr is not None else "NOTSET"
     pads = _ints_attr(node, "pads", [0] * (2 * n)) if auto_pad == "NOTSET" else [0] * (2 * n)
-    if (
-        len(kernel) != n
-        or len(strides) != n
-        or len(dilations) != n
-        or len(pads) != 2 * n
-        or any(s <= 0 for s in strides)
-        or any(d <= 0 for d in dilations)
-        or auto_pad not in ("NOTSET", "VALID", "SAME_UPPER", "SAME_LOWER")
-    ):
+    _check_window(n, kernel, strides, dilations, pads)
+    if auto_pad not in ("NOTSET", "VALID", "SAME_UPPER", "SAME_LOWER"):
         raise Unsure
     spatial: list[Dim] = []
     for i in range(n):
@@ -104,15 +112,7 @@ def _pool(node: ir.Node, known: Known) -> Result:
     ceil_attr = node.attributes.get("ceil_mode")
     ceil_mode = int(ceil_attr.as_int()) if ceil_attr is not None else 0
     dilations = _ints_attr(node, "dilations", [1] * n)
-    if (
-        len(kernel) != n
-        or len(strides) != n
-        or len(dilations) != n
-        or len(pads) != 2 * n
-        or any(s <= 0 for s in strides)
-        or any(d <= 0 for d in dilations)
-    ):
-        raise Unsure
+    _check_window(n, kernel, strides, dilations, pads)
     spatial: list[Dim] = []
     for i in range(n):
         size, s = xd[i + 2], strides[i]
