@@ -561,7 +561,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--models", default=",".join(MODELS))
     parser.add_argument("--batches", default="1,8")
     parser.add_argument("--rounds", type=int, default=7)
-    parser.add_argument("--cache", type=Path, default=Path("/tmp/onnax-bench-training"))
+    parser.add_argument(
+        "--cache",
+        type=Path,
+        default=Path("/tmp/onnax-bench-training"),
+        help="the exports go to its full/ (tiny/ with --tiny); that folder itself is accepted",
+    )
     parser.add_argument("--tiny", action="store_true", help="narrow networks: a quick check")
     parser.add_argument("--corpus", action="store_true", help="add tests/data/real")
     parser.add_argument("--zoo", action="store_true", help="add " + ", ".join(ZOO_MODELS))
@@ -574,7 +579,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--ortt-pythonpath", type=Path, default=None)
     args = parser.parse_args(argv)
     models = [m for m in args.models.split(",") if m]
-    cache = args.cache / ("tiny" if args.tiny else "full")
+    # The exports live in --cache's full/ (or tiny/): a --cache naming that folder itself is
+    # taken as it is, not given a second full/ to export everything into again.
+    sizes = "tiny" if args.tiny else "full"
+    cache = args.cache if args.cache.name == sizes else args.cache / sizes
     missing = [
         m
         for m in models
