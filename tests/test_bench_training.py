@@ -69,7 +69,7 @@ def test_grad_all_is_the_gradient_of_the_weights_only(bt) -> None:  # type: igno
     outputs = [v.name for v in bench.models["grad_all"].graph.outputs]
     assert outputs == ["y", "loss", "grad_w", "grad_b", "grad_s", "grad_t"], outputs
     # y [2, 3], the scalar loss and the gradients of w [3, 2, 3, 3], b, s and t [3]
-    assert bt._output_bytes(bench.models["grad_all"]) == 4 * (6 + 1 + 54 + 3 + 3 + 3)
+    assert bt.output_bytes(bench.models["grad_all"]) == 4 * (6 + 1 + 54 + 3 + 3 + 3)
     times = bt.time_models(bench, rounds=2)
     assert set(times) == {"primal", "grad_all", "vmap_grad"}
     assert all(t > 0 for t in times.values())
@@ -146,3 +146,57 @@ def test_models_with_external_weights_open_from_bytes(bt, tmp_path: Path, monkey
         np.testing.assert_allclose(got, expected, rtol=1e-6)
     grad = bt.derive(model, x, None, {"grad_in", "vjp", "jvp_grad"}).models["grad_all"]
     assert bt._session(grad).run(None, {"x": x})
+
+
+class _FakeTorch:
+    """Stands in for torch_worker.TorchWorker: records what is timed, in order."""
+
+    def __init__(self, loss: float, log: list[str]) -> None:
+        self.cases = ["forward", "backward_params"]
+        self.saved_bytes = 123
+        self.loss = loss
+        self.log = log
+
+    def time(self, case: str) -> float:
+        self.log.append(f"torch {case}")
+        return {"forward": 0.5, "backward_params": 2.0}[case]
+
+
+def test_torch_is_timed_side_by_side(bt, monkeypatch) -> None:  # type: ignore[no-untyped-def]
+    """With a PyTorch worker, each round times PyTorch right after onnxruntime, and bench.torch
+    takes those medians; a worker whose loss is not onnxruntime's is dropped, not compared."""
+    primal = _cnn(2)
+    x = np.random.default_rng(1).standard_normal((2, 2, 6, 6)).astype(np.float32)
+    bench = bt.derive(primal, x, None, {"grad_in", "vjp", "jvp_grad"})
+    loss = float(bt._session(primal).run(["loss"], {"x": x})[0])
+    log: list[str] = []
+    real_session = bt._session
+
+    def session(model):  # type: ignore[no-untyped-def]
+        sess = real_session(model)
+        name = "primal" if model is primal else "grad_all"
+        run = sess.run
+
+        class Logged:
+            def __getattr__(self, key):  # type: ignore[no-untyped-def]
+                return getattr(sess, key)
+
+            def run(self, *args):  # type: ignore[no-untyped-def]
+                log.append(name)
+                return run(*args)
+
+        return Logged()
+
+    monkeypatch.setattr(bt, "_session", session)
+    times = bt.time_models(bench, rounds=3, torch_side=_FakeTorch(loss * (1 + 1e-6), log))
+    assert set(times) == {"primal", "grad_all"}
+    assert bench.torch == {"forward": 0.5, "backward_params": 2.0, "saved_bytes": 123}
+    assert bench.torch_source == "side by side"
+    timed = log[log.index("torch forward") - 2 :]  # after the warm-up runs and the loss check
+    assert timed == ["primal", "grad_all", "torch forward", "torch backward_params"] * 3
+
+    other = bt.derive(primal, x, None, {"grad_in", "vjp", "jvp_grad"})
+    log.clear()
+    bt.time_models(other, rounds=2, torch_side=_FakeTorch(loss + 1.0, log))
+    assert not any(entry.startswith("torch") for entry in log)
+    assert other.torch == {} and other.torch_source == ""

@@ -40,7 +40,11 @@ with the primal's:
 * head to head against PyTorch eager on the same weights, where ``--torch-python`` is given:
   onnax time / torch time for the forward, ``grad_all`` (against forward + backward of every
   parameter), ``grad_in``, ``jvp_grad`` (``torch.func.jvp`` of ``torch.func.grad``) and
-  ``vmap_grad`` (``torch.func.vmap(torch.func.grad)``).
+  ``vmap_grad`` (``torch.func.vmap(torch.func.grad)``). PyTorch runs in a worker process
+  (``torch_worker.py``) that rebuilds the exported network (the zoo's: converts it with
+  onnx2torch) and checks its loss against onnxruntime's; each round runs PyTorch's forward and
+  its counterpart of the derivative right after onnxruntime's, so the ratio is side by side.
+  Without ``--torch-python`` the timings the export run saved are used, and the report says so.
 
 * the activations PyTorch's autograd keeps for the backward of every parameter (``torch
   saved``), beside onnxruntime's peak for ``grad_all``;
@@ -57,7 +61,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import statistics
 import subprocess
 import sys
@@ -74,6 +77,9 @@ import onnax
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from bench_zoo import product_share
+from ortt_worker import against_ortt, report_ortt, torch_only_path
+from torch_worker import TorchWorker
+from training_memory import output_bytes, peak_memory
 from training_zoo import ZOO_MODELS, write_zoo
 
 HERE = Path(__file__).resolve().parent
@@ -98,6 +104,7 @@ class Bench:
     models: dict[str, ir.Model] = field(default_factory=dict)
     feeds: dict[str, dict[str, np.ndarray]] = field(default_factory=dict)
     torch: dict[str, float] = field(default_factory=dict)
+    torch_source: str = ""  # how the PyTorch timings were taken, for the report
 
 
 def _count(model: ir.Model) -> int:
@@ -187,100 +194,20 @@ def derive(primal: ir.Model, x: np.ndarray, single: ir.Model | None, skip: set[s
     return bench
 
 
-def torch_only_path(torch_python: str, dest: Path) -> Path:
-    """A directory of links to ``torch_python``'s packages, without onnx, onnxruntime, numpy."""
-    out = subprocess.run(
-        [
-            torch_python,
-            "-c",
-            "import os, torch; print(os.path.dirname(os.path.dirname(torch.__file__)))",
-        ],
-        capture_output=True,
-        text=True,
-        check=True,
-    )
-    site = Path(out.stdout.strip())
-    dest.mkdir(parents=True, exist_ok=True)
-    for entry in site.iterdir():
-        if entry.name.startswith(("onnx", "numpy", "pip", "setuptools", "_distutils")):
-            continue
-        link = dest / entry.name
-        if not link.exists():
-            link.symlink_to(entry)
-    return dest
-
-
-def against_ortt(
-    cases: dict[str, tuple[ir.Model, np.ndarray]],
-    python: str,
-    pythonpath: Path | None,
-    rounds: int,
-    scratch: Path,
-) -> dict[str, dict[str, object]]:
-    """onnxruntime-training's train step against onnax's weight gradient (training_ortt.py)."""
-    scratch.mkdir(parents=True, exist_ok=True)
-    spec = {}
-    for i, (name, (primal, x)) in enumerate(cases.items()):
-        weights = [
-            w
-            for w in _float_initializers(primal)
-            if primal.graph.initializers[w].dtype == ir.DataType.FLOAT
-        ]
-        grad = onnax.grad(primal, inputs=weights, output="loss")
-        paths = {k: scratch / f"case{i}.{k}" for k in ("model.onnx", "onnax.onnx", "x.npy")}
-        ir.save(primal, paths["model.onnx"])
-        ir.save(grad, paths["onnax.onnx"])
-        np.save(paths["x.npy"], x)
-        spec[name] = {
-            "model": str(paths["model.onnx"]),
-            "onnax": str(paths["onnax.onnx"]),
-            "x": str(paths["x.npy"]),
-            "weights": weights,
-        }
-    (scratch / "spec.json").write_text(json.dumps(spec))
-    env = dict(os.environ)
-    if pythonpath is not None:
-        env["PYTHONPATH"] = str(pythonpath)
-    out = subprocess.run(
-        [python, str(HERE / "training_ortt.py"), str(scratch / "spec.json"), str(rounds)],
-        capture_output=True,
-        text=True,
-        env=env,
-    )
-    if out.returncode != 0:
-        print(f"onnxruntime-training worker failed: {out.stderr.strip().splitlines()[-1:]}")
-        return {}
-    result: dict[str, dict[str, object]] = json.loads(out.stdout.strip().splitlines()[-1])
-    return result
-
-
-def report_ortt(results: dict[str, dict[str, object]]) -> None:
-    if not results:
-        return
-    print("\nagainst onnxruntime-training 1.19.2 (grad w.r.t. every weight, its onnxruntime):")
-    print(
-        f"  {'model':<22} {'ortt/primal':>11} {'onnax/primal':>12} {'onnax/ortt':>10} {'ortt nodes':>10}"
-    )
-    for name, r in results.items():
-        if "error" in r:
-            print(f"  {name:<22} does not build: {r['error']}")
-            continue
-        primal, ortt = float(r["primal"]), float(r["ortt"])  # type: ignore[arg-type]
-        onnax_t = r.get("onnax")
-        ours = (
-            f"{float(onnax_t) / primal:>12.2f} {float(onnax_t) / ortt:>10.2f}"  # type: ignore[arg-type]
-            if onnax_t is not None
-            else f"{'-':>12} {'-':>10}  ({r.get('onnax_error')})"
-        )
-        print(f"  {name:<22} {ortt / primal:>11.2f} {ours} {r['ortt_nodes']:>10}")
-
-
-def time_models(bench: Bench, rounds: int) -> dict[str, float]:
+def time_models(
+    bench: Bench, rounds: int, torch_side: TorchWorker | None = None
+) -> dict[str, float]:
     """Median run time of every model of ``bench``, each derivative interleaved with the primal.
 
     One derivative's session at a time, in rounds alternating with the primal's, then dropped:
     the sessions of all of convnext-tiny's derivatives at batch 8 held at once outgrew the
     machine's 24 GiB. The primal's time is the median over all its rounds.
+
+    With ``torch_side`` (a worker that has loaded the same network), every round also runs
+    PyTorch's forward and its computation of the round's derivative, each right after
+    onnxruntime's, and ``bench.torch`` gets their medians: a side-by-side ratio. The worker's
+    loss must equal onnxruntime's primal loss first (the same network and weights), or the
+    head-to-head is dropped with a message.
 
     The warm-up is two runs: onnxruntime's first run records the memory pattern and the second
     allocates its block, page faults and all (a convnext-tiny gradient at batch 1: 918, 933,
@@ -299,7 +226,16 @@ def time_models(bench: Bench, rounds: int) -> dict[str, float]:
     primal = _session(bench.models["primal"])
     primal_feeds = _feeds_for(primal, bench.feeds["primal"])
     warm(primal, primal_feeds)
+    if torch_side is not None and not _same_network(primal, primal_feeds, torch_side):
+        torch_side = None
     samples: dict[str, list[float]] = {"primal": []}
+    torch_samples: dict[str, list[float]] = {}
+
+    def torch_round(name: str) -> None:
+        for key in ("forward", TORCH_OF.get(name)):
+            if torch_side is not None and key in torch_side.cases:
+                torch_samples.setdefault(key, []).append(torch_side.time(key))
+
     derivatives = [name for name in bench.models if name != "primal"]
     for name in derivatives:
         sess = _session(bench.models[name])
@@ -309,78 +245,35 @@ def time_models(bench: Bench, rounds: int) -> dict[str, float]:
         for _ in range(rounds):
             samples["primal"].append(timed(primal, primal_feeds))
             samples[name].append(timed(sess, feeds))
+            torch_round(name)
         del sess  # its arena goes with it
     if not derivatives:
-        samples["primal"] = [timed(primal, primal_feeds) for _ in range(rounds)]
+        for _ in range(rounds):
+            samples["primal"].append(timed(primal, primal_feeds))
+            torch_round("primal")
+    if torch_side is not None:
+        bench.torch = {k: statistics.median(v) for k, v in torch_samples.items()}
+        bench.torch["saved_bytes"] = torch_side.saved_bytes
+        bench.torch_source = "side by side"
     return {name: statistics.median(s) for name, s in samples.items()}
 
 
-# The peak of the resident set during one run, above the resident set before it, is the run's
-# peak working memory (activations, residuals, outputs), without the transient peaks of loading
-# and optimizing the model that ru_maxrss would include: the kernel's high-water mark (VmHWM)
-# is reset (/proc/self/clear_refs) after a first run, then read after the second. The arena is
-# off, so that freed tensors leave the resident set and the mark is the peak of the tensors
-# alive at once: the arena grows in regions of twice the size, and resnet18's gradient at batch
-# 8 measured 446 MiB with it against 386 MiB of tensors without. glibc's malloc gets a fixed
-# mmap threshold (MALLOC_MMAP_THRESHOLD_): by default it raises the threshold to the size of
-# each mapped block freed, up to 32 MiB, after which freed tensors stay in its heap, the first
-# run's peak stays resident and the second run's mark shows nothing (resnet18's gradient at
-# batch 1: 9 MiB, against 67 MiB with the threshold fixed). Where the mark cannot be reset,
-# the growth of the resident set over the runs with the arena on (and the memory pattern off:
-# with it the first run's tensors and the second run's planned block both stay) is the figure.
-# Each run's outputs are dropped at once: they come back as copies, and a 256 MiB output kept
-# measured 528 MiB, dropped 264.
-_MEMORY_CHILD = """
-import sys, numpy as np, onnxruntime as ort
-def status(key):
-    with open("/proc/self/status") as status:
-        line = next(l for l in status if l.startswith(key + ":"))
-    return int(line.split()[1]) * 1024
-def session(arena):
-    options = ort.SessionOptions()
-    options.intra_op_num_threads = 1
-    options.log_severity_level = 3
-    options.enable_mem_pattern = False
-    options.enable_cpu_mem_arena = arena
-    return ort.InferenceSession(sys.argv[1], options, providers=["CPUExecutionProvider"])
-feeds = dict(np.load(sys.argv[2]))
-try:
-    with open("/proc/self/clear_refs", "w") as refs:
-        refs.write("5")
-    resettable = True
-except OSError:
-    resettable = False
-sess = session(arena=not resettable)
-if resettable:
-    sess.run(None, feeds)
-    before = status("VmRSS")
-    with open("/proc/self/clear_refs", "w") as refs:
-        refs.write("5")
-    sess.run(None, feeds)
-    print(status("VmHWM") - before)
-else:
-    before = status("VmRSS")
-    for _ in range(2):
-        sess.run(None, feeds)
-    print(status("VmRSS") - before)
-"""
-
-
-def peak_memory(model: ir.Model, feeds: dict[str, np.ndarray], scratch: Path) -> int:
-    """Peak bytes above the resident set before a run of the model (a fresh process; see above)."""
-    scratch.mkdir(parents=True, exist_ok=True)
-    model_path, feeds_path = scratch / "memory.onnx", scratch / "memory.npz"
-    ir.save(model, model_path)
-    sess = _session(model)
-    np.savez(feeds_path, **_feeds_for(sess, feeds))  # type: ignore[arg-type]
-    out = subprocess.run(
-        [sys.executable, "-c", _MEMORY_CHILD, str(model_path), str(feeds_path)],
-        capture_output=True,
-        text=True,
-        check=True,
-        env={**os.environ, "MALLOC_MMAP_THRESHOLD_": str(64 * 1024)},
+def _same_network(
+    primal: ort.InferenceSession, feeds: dict[str, np.ndarray], torch_side: TorchWorker
+) -> bool:
+    """Whether PyTorch's loss at the example equals onnxruntime's (float32 rounding aside)."""
+    names = [o.name for o in primal.get_outputs()]
+    if "loss" not in names:
+        print("  PyTorch head to head dropped: the primal has no output 'loss' to compare")
+        return False
+    ours = float(primal.run(["loss"], feeds)[0])
+    if abs(ours - torch_side.loss) <= 1e-3 * max(1.0, abs(ours)):
+        return True
+    print(
+        f"  PyTorch head to head dropped: its loss {torch_side.loss:.6g} is not onnxruntime's"
+        f" {ours:.6g}, so the two sides do not run the same network"
     )
-    return int(out.stdout.strip().splitlines()[-1])
+    return False
 
 
 def report(name: str, bench: Bench, times: dict[str, float], memory: dict[str, int]) -> None:
@@ -391,6 +284,8 @@ def report(name: str, bench: Bench, times: dict[str, float], memory: dict[str, i
         print(f", peak activations primal {memory['primal'] / 2**20:.0f} MiB", end="")
     print()
     print(f"  {'model':<10} {'ms':>9} {'/primal':>8} {'nodes':>7} {'/primal':>8} {'vs torch':>9}")
+    if bench.torch_source:
+        print(f"  (vs torch: onnax time / PyTorch time, PyTorch timed {bench.torch_source})")
     for key in ("primal", *DERIVATIVES):
         if key not in times:
             continue
@@ -417,7 +312,7 @@ def report(name: str, bench: Bench, times: dict[str, float], memory: dict[str, i
         ratio = memory["grad_all"] / max(memory["primal"], 1)
         # The outputs hold gradients the size of the weights (bert-base's: 420 MiB), which the
         # peak includes and torch's saved tensors do not: compare what is left.
-        outputs = _output_bytes(bench.models["grad_all"])
+        outputs = output_bytes(bench.models["grad_all"])
         working = memory["grad_all"] - outputs
         print(
             f"  peak activations grad_all {memory['grad_all'] / 2**20:.0f} MiB ({ratio:.1f}x"
@@ -432,17 +327,6 @@ def report(name: str, bench: Bench, times: dict[str, float], memory: dict[str, i
                 end="",
             )
         print()
-
-
-def _output_bytes(model: ir.Model) -> int:
-    """The bytes of the graph outputs whose shapes and types are static."""
-    total = 0
-    for value in model.graph.outputs:
-        shape, dtype = value.shape, value.dtype
-        if shape is None or dtype is None or not all(isinstance(d, int) for d in shape.dims):
-            continue
-        total += int(np.prod([int(d) for d in shape.dims]) * dtype.itemsize)
-    return total
 
 
 def _export(
@@ -465,7 +349,9 @@ def _export(
     subprocess.run(command, check=True)
 
 
-Case = tuple[str, ir.Model, np.ndarray, ir.Model | None, dict[str, float]]
+# name, primal, input, batch-1 twin, PyTorch timings from the export run, and what the PyTorch
+# worker loads to time the same network side by side (training_torch.serve's "load")
+Case = tuple[str, ir.Model, np.ndarray, ir.Model | None, dict[str, float], dict[str, object] | None]
 
 
 def _read(path: Path) -> ir.Model:
@@ -477,9 +363,15 @@ def _read(path: Path) -> ir.Model:
     return ir.external_data.load_to_model(ir.load(path))
 
 
-def _load(cache: Path, models: Sequence[str], batches: Sequence[str]) -> list[Case]:
-    """The exports in ``cache`` with their inputs, batch-1 twins and PyTorch timings (if any)."""
-    cases = []
+def _load(
+    cache: Path, models: Sequence[str], batches: Sequence[str], tiny: bool, converted: bool
+) -> list[Case]:
+    """The exports in ``cache`` with their inputs, batch-1 twins and PyTorch timings (if any).
+
+    PyTorch's side of a case is the network the export came from, or with ``converted`` (the
+    zoo's models, which no PyTorch code built) the file converted by onnx2torch.
+    """
+    cases: list[Case] = []
     for m in models:
         single_path = cache / f"{m}.b1.onnx"
         single = _read(single_path) if single_path.exists() else None
@@ -488,8 +380,14 @@ def _load(cache: Path, models: Sequence[str], batches: Sequence[str]) -> list[Ca
             timed = stem.with_name(stem.name + ".torch.json")
             torch_times = json.loads(timed.read_text()) if timed.exists() else {}
             x = np.load(stem.with_name(stem.name + ".npz"))["x"]
-            model = _read(stem.with_name(stem.name + ".onnx"))
-            cases.append((f"{m} batch {b}", model, x, single, torch_times))
+            path = stem.with_name(stem.name + ".onnx")
+            model = _read(path)
+            spec: dict[str, object] = (
+                {"onnx": str(path)}
+                if converted
+                else {"model": m, "batch": int(b), "tiny": tiny, "x": f"{stem}.npz"}
+            )
+            cases.append((f"{m} batch {b}", model, x, single, torch_times, spec))
     return cases
 
 
@@ -517,11 +415,11 @@ def run_time_batch(model: ir.Model) -> ir.Model:
 def _with_run_time_batch(cases: list[Case]) -> list[Case]:
     """Every case, each one at a batch above 1 followed by its :func:`run_time_batch` twin."""
     out = []
-    for name, model, x, single, torch_times in cases:
-        out.append((name, model, x, single, torch_times))
+    for name, model, x, single, torch_times, spec in cases:
+        out.append((name, model, x, single, torch_times, spec))
         if x.shape[0] > 1:
             twin = run_time_batch(model)
-            out.append((f"{name} (run-time batch)", twin, x, single, torch_times))
+            out.append((f"{name} (run-time batch)", twin, x, single, torch_times, spec))
     return out
 
 
@@ -596,31 +494,45 @@ def main(argv: Sequence[str] | None = None) -> int:
         models = [m for m in models if m not in missing]
     skip = set(args.skip.split(",")) - {""}
     batches = args.batches.split(",")
-    cases = _load(cache, models, batches)
+    cases = _load(cache, models, batches, args.tiny, converted=False)
     if args.zoo:
         zoo_dir = args.cache / "zoo"
         write_zoo(zoo_dir, [int(b) for b in batches], args.torch_python, args.rounds)
-        cases.extend(_load(zoo_dir, ZOO_MODELS, batches))
+        cases.extend(_load(zoo_dir, ZOO_MODELS, batches, args.tiny, converted=True))
     if args.corpus:
-        cases.extend((name, model, x, None, {}) for name, model, x in _corpus())
+        cases.extend((name, model, x, None, {}, None) for name, model, x in _corpus())
     if args.run_time_batch:
         cases = _with_run_time_batch(cases)
-    ortt_cases: dict[str, tuple[ir.Model, np.ndarray]] = {}
-    for name, primal, x, single, torch_times in cases:
+    ortt_cases: dict[str, tuple[ir.Model, np.ndarray, list[str]]] = {}
+    worker = TorchWorker(args.torch_python) if args.torch_python else None
+    for name, primal, x, single, torch_times, spec in cases:
         print(f"\n{name}", flush=True)
         bench = derive(primal, x, single, skip)
-        bench.torch = torch_times
-        times = time_models(bench, args.rounds)
+        side = None
+        if worker is not None and spec is not None:
+            worker.load(spec)
+            side = worker
+        else:
+            bench.torch = torch_times
+            bench.torch_source = "from the export run" if torch_times else ""
+        times = time_models(bench, args.rounds, side)
         memory: dict[str, int] = {}
         if not args.no_memory:
             for key in ("primal", "grad_all"):
                 if key in bench.models:
-                    memory[key] = peak_memory(
-                        bench.models[key], bench.feeds[key], cache / "scratch"
-                    )
+                    model = bench.models[key]
+                    feeds = _feeds_for(_session(model), bench.feeds[key])
+                    memory[key] = peak_memory(model, feeds, cache / "scratch")
         report(name, bench, times, memory)
         if args.ortt_python and "grad_all" not in skip:
-            ortt_cases[name] = (primal, x)
+            weights = [
+                w
+                for w in _float_initializers(primal)
+                if primal.graph.initializers[w].dtype == ir.DataType.FLOAT
+            ]
+            ortt_cases[name] = (primal, x, weights)
+    if worker is not None:
+        worker.close()
     if ortt_cases and args.ortt_python:
         pythonpath = args.ortt_pythonpath
         if pythonpath is None and args.torch_python:

@@ -19,6 +19,9 @@ activations autograd keeps for the backward of every parameter.
 
 ``--tiny`` shrinks every network (two layers, narrow) for a quick check of the pipeline.
 
+``--serve`` times on request instead, for bench_training.py to interleave with onnxruntime's
+runs (see ``serve()``).
+
 ``--onnx2torch FILE...`` instead converts given ONNX files (one input ``x``, outputs ``y`` and
 ``loss``, an ``.npz`` beside each with ``x``: training_zoo.py's light-zoo CNNs) with onnx2torch
 and writes the same timings next to each; a timing the converted module cannot run (say
@@ -29,7 +32,9 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import statistics
+import sys
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -125,7 +130,18 @@ def example(kind: str, batch: int, tiny: bool, seed: int) -> torch.Tensor:
     return torch.randn((batch, 3, pixels, pixels), generator=gen)
 
 
-def _median(fn: Callable[[], object]) -> Callable[[], float]:
+def network(name: str, batch: int, tiny: bool) -> tuple[WithLoss, torch.Tensor]:
+    """The benchmark network ``name`` with its loss, and its example input (both seeded)."""
+    build, kind = MODELS[name]
+    torch.manual_seed(0)
+    net = build(tiny).eval()
+    x = example(kind, batch, tiny, seed=1)
+    with torch.no_grad():
+        y = net(x)
+    return WithLoss(net, tuple(y.shape), seed=2).eval(), x
+
+
+def _timer(fn: Callable[[], object]) -> Callable[[], float]:
     def timed() -> float:
         start = time.perf_counter()
         fn()
@@ -156,8 +172,12 @@ def saved_bytes(module: WithLoss, x: torch.Tensor) -> int:
     return sum(n for ptr, n in storages.items() if ptr not in held)
 
 
-def timings(module: WithLoss, x: torch.Tensor, rounds: int) -> dict[str, float]:
-    """Medians over interleaved rounds of the forward and the derivative computations."""
+def computations(module: WithLoss, x: torch.Tensor) -> dict[str, Callable[[], object]]:
+    """The forward and the derivative computations that run on ``module`` at ``x``.
+
+    Each is run once (the warm-up); one the module cannot run (say ``torch.func.vmap`` through
+    an operator onnx2torch converted) is left out and its error printed to stderr.
+    """
     params = dict(module.named_parameters())
     buffers = dict(module.named_buffers())
     floating = x.is_floating_point()
@@ -203,12 +223,21 @@ def timings(module: WithLoss, x: torch.Tensor, rounds: int) -> dict[str, float]:
         try:
             fn()
         except Exception as error:  # any failure of a converted module
-            print(f"  {name}: {type(error).__name__}: {str(error).splitlines()[0]}")
+            print(
+                f"  {name}: {type(error).__name__}: {str(error).splitlines()[0]}",
+                file=sys.stderr,
+            )
             del cases[name]
+    return cases
+
+
+def timings(module: WithLoss, x: torch.Tensor, rounds: int) -> dict[str, float]:
+    """Medians over interleaved rounds of the forward and the derivative computations."""
+    cases = computations(module, x)
     samples: dict[str, list[float]] = {name: [] for name in cases}
     for _ in range(rounds):
         for name, fn in cases.items():
-            samples[name].append(_median(fn)())
+            samples[name].append(_timer(fn)())
     return {name: statistics.median(s) for name, s in samples.items()}
 
 
@@ -225,15 +254,62 @@ def export(module: WithLoss, x: torch.Tensor, path: Path) -> None:
     )
 
 
-def time_onnx(paths: list[Path], rounds: int) -> None:
-    """Times each ONNX file as a module converted by onnx2torch (see the module doc)."""
+def _converted(path: Path) -> tuple[nn.Module, torch.Tensor]:
+    """``path`` converted by onnx2torch, and the input ``x`` of the ``.npz`` beside it."""
     import onnx2torch
 
+    stem = path.with_name(path.name.removesuffix(".onnx"))
+    torch.manual_seed(0)
+    module = onnx2torch.convert(str(path)).eval()
+    return module, torch.from_numpy(np.load(stem.with_name(stem.name + ".npz"))["x"])
+
+
+def serve() -> None:
+    """Times computations on request, for bench_training.py to interleave with onnxruntime's.
+
+    Requests come one JSON object a line on stdin, replies go one a line to the original
+    stdout (anything else printed goes to stderr, so a library's print cannot break a reply):
+
+    * ``{"load": {"model": name, "batch": b, "tiny": bool, "x": npz}}`` builds that network
+      (as the export did: same seeds, so the same weights) and takes its input from the export's
+      ``npz``; ``{"load": {"onnx": path}}`` converts an ONNX file with onnx2torch. Either way
+      every computation is run once, and the reply names those that run, with ``saved_bytes``
+      and the ``loss`` at ``x`` (for the caller to check that both sides run the same network).
+    * ``{"time": name}`` runs one computation once and replies with its ``seconds``.
+    """
+    reply = os.fdopen(os.dup(1), "w")
+    os.dup2(2, 1)
+    sys.stdout = sys.stderr
+    cases: dict[str, Callable[[], object]] = {}
+    for line in sys.stdin:
+        request = json.loads(line)
+        if "load" in request:
+            spec = request["load"]
+            cases = {}  # the previous network's memory goes before the next one is built
+            if "onnx" in spec:
+                module, x = _converted(Path(spec["onnx"]))
+            else:
+                module, _ = network(spec["model"], int(spec["batch"]), bool(spec["tiny"]))
+                x = torch.from_numpy(np.load(spec["x"])["x"])
+            cases = computations(module, x)  # type: ignore[arg-type]
+            with torch.no_grad():
+                loss = float(module(x)[1])
+            answer: dict[str, object] = {
+                "cases": list(cases),
+                "loss": loss,
+                "saved_bytes": saved_bytes(module, x),  # type: ignore[arg-type]
+            }
+        else:
+            answer = {"seconds": _timer(cases[request["time"]])()}
+        reply.write(json.dumps(answer) + "\n")
+        reply.flush()
+
+
+def time_onnx(paths: list[Path], rounds: int) -> None:
+    """Times each ONNX file as a module converted by onnx2torch (see the module doc)."""
     for path in paths:
         stem = path.with_name(path.name.removesuffix(".onnx"))
-        torch.manual_seed(0)
-        module = onnx2torch.convert(str(path)).eval()
-        x = torch.from_numpy(np.load(stem.with_name(stem.name + ".npz"))["x"])
+        module, x = _converted(path)
         result = timings(module, x, rounds)  # type: ignore[arg-type]
         result["saved_bytes"] = saved_bytes(module, x)  # type: ignore[arg-type]
         stem.with_name(stem.name + ".torch.json").write_text(json.dumps(result, indent=1))
@@ -249,8 +325,12 @@ def main() -> None:
     parser.add_argument("--tiny", action="store_true")
     parser.add_argument("--rounds", type=int, default=7)
     parser.add_argument("--no-time", action="store_true")
+    parser.add_argument("--serve", action="store_true", help="time on request (see serve())")
     args = parser.parse_args()
     torch.set_num_threads(1)
+    if args.serve:
+        serve()
+        return
     if args.onnx2torch:
         time_onnx(args.onnx2torch, args.rounds)
         return
@@ -258,14 +338,8 @@ def main() -> None:
         parser.error("--out is required without --onnx2torch")
     args.out.mkdir(parents=True, exist_ok=True)
     for name in args.models.split(","):
-        build, kind = MODELS[name]
         for batch in (int(b) for b in args.batches.split(",")):
-            torch.manual_seed(0)
-            net = build(args.tiny).eval()
-            x = example(kind, batch, args.tiny, seed=1)
-            with torch.no_grad():
-                y = net(x)
-            module = WithLoss(net, tuple(y.shape), seed=2).eval()
+            module, x = network(name, batch, args.tiny)
             stem = f"{name}.b{batch}"
             export(module, x, args.out / f"{stem}.onnx")
             np.savez(args.out / f"{stem}.npz", x=x.numpy())
