@@ -34,6 +34,13 @@ with the primal's:
   time (onnxruntime's profiler), and the weight and the data gradients each run products of
   the same FLOPs once more (the first layer's data gradient aside), so no gradient model of the
   network runs in much less than ``1 + 2 s`` times the primal with these kernels;
+* the measured floor of ``grad_all`` and ``jvp_grad``: the kernel time of the derivative's own
+  products (Conv, ConvTranspose, Gemm, MatMul and onnxruntime's fusions of them) over the
+  primal's kernel time, and the rest beside it. The products, in the forms onnax emits (the
+  fastest bench_conv_grad.py measured), are work no better graph of the same forms avoids,
+  but they run slower than the estimate above (a weight gradient's product has no prepacked
+  weight, a data gradient's ConvTranspose is no forward Conv), so this is the floor as measured;
+  ``the rest`` is what a better graph could still win;
 * the peak activation memory of the onnxruntime session for the primal and for ``grad_all``
   (the peak of the resident set during a run over the one before it, with onnxruntime's arena
   off, in a fresh process each: the peak of the tensors alive at once);
@@ -61,9 +68,11 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import statistics
 import subprocess
 import sys
+import tempfile
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
@@ -76,7 +85,6 @@ import onnxruntime as ort
 import onnax
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from bench_zoo import product_share
 from ortt_worker import against_ortt, report_ortt, torch_only_path
 from torch_worker import TorchWorker
 from training_memory import output_bytes, peak_memory
@@ -276,6 +284,51 @@ def _same_network(
     return False
 
 
+# The kernels of products in onnxruntime's profile (its fusions and layouts included), with the
+# ConvTranspose of strided data gradients: the work no spelling of a derivative can avoid.
+PRODUCT_KERNELS = frozenset(
+    {"Conv", "FusedConv", "ConvTranspose", "Gemm", "FusedGemm", "MatMul", "FusedMatMul"}
+)
+
+
+def kernel_times(model: ir.Model, feeds: dict[str, np.ndarray], runs: int = 3) -> dict[str, float]:
+    """Seconds a run spends in each operator's kernels (onnxruntime's profiler, one thread).
+
+    Two runs warm up first (see :func:`time_models`); the profile covers the ``runs`` after.
+    """
+    options = ort.SessionOptions()
+    options.intra_op_num_threads = 1
+    options.inter_op_num_threads = 1
+    options.log_severity_level = 3
+    options.enable_profiling = True
+    proto = ir.serde.serialize_model(model).SerializeToString()
+    with tempfile.TemporaryDirectory() as folder:
+        options.profile_file_prefix = os.path.join(folder, "profile")
+        sess = ort.InferenceSession(proto, options, providers=["CPUExecutionProvider"])
+        all_feeds = _feeds_for(sess, feeds)
+        for _ in range(2):
+            sess.run(None, all_feeds)
+        for _ in range(runs):
+            sess.run(None, all_feeds)
+        events = json.loads(Path(sess.end_profiling()).read_text())
+    # The warm-up runs are in the profile too: count from the first timed run's start.
+    began = [e for e in events if e.get("name") == "model_run"][-runs]["ts"]
+    by_op: dict[str, float] = {}
+    for event in events:
+        if (
+            event.get("cat") == "Node"
+            and event["name"].endswith("_kernel_time")
+            and event["ts"] >= began
+        ):
+            op = event["args"]["op_name"]
+            by_op[op] = by_op.get(op, 0.0) + event["dur"] * 1e-6 / runs
+    return by_op
+
+
+def _products(by_op: dict[str, float]) -> float:
+    return sum(t for op, t in by_op.items() if op in PRODUCT_KERNELS)
+
+
 def report(name: str, bench: Bench, times: dict[str, float], memory: dict[str, int]) -> None:
     primal = times["primal"]
     nodes = _count(bench.models["primal"])
@@ -300,14 +353,21 @@ def report(name: str, bench: Bench, times: dict[str, float], memory: dict[str, i
             f"  {key:<10} {1e3 * times[key]:>9.1f} {times[key] / primal:>8.2f} {n:>7} "
             f"{n / nodes:>8.2f} {vs}"
         )
-    share = product_share(
-        ir.serde.serialize_model(bench.models["primal"]).SerializeToString(),
-        {"x": bench.feeds["primal"]["x"]},
-    )
+    kernels = kernel_times(bench.models["primal"], bench.feeds["primal"])
+    share = _products(kernels) / sum(kernels.values())
     print(
         f"  floor: Conv/Gemm/MatMul are {100 * share:.0f} % of the primal's kernel time, so a"
         f" gradient w.r.t. the weights costs about {1 + 2 * share:.2f}x the primal"
     )
+    for key in ("grad_all", "jvp_grad"):
+        if key in bench.models:
+            theirs = kernel_times(bench.models[key], bench.feeds[key])
+            products = _products(theirs)
+            print(
+                f"  measured floor of {key}: its products alone take"
+                f" {products / sum(kernels.values()):.2f}x the primal's kernel time, the rest"
+                f" {(sum(theirs.values()) - products) / sum(kernels.values()):.2f}x"
+            )
     if "grad_all" in memory:
         ratio = memory["grad_all"] / max(memory["primal"], 1)
         # The outputs hold gradients the size of the weights (bert-base's: 420 MiB), which the
