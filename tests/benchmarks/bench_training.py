@@ -35,12 +35,13 @@ with the primal's:
   the same FLOPs once more (the first layer's data gradient aside), so no gradient model of the
   network runs in much less than ``1 + 2 s`` times the primal with these kernels;
 * the measured floor of ``grad_all`` and ``jvp_grad``: the kernel time of the derivative's own
-  products (Conv, ConvTranspose, Gemm, MatMul and onnxruntime's fusions of them) over the
-  primal's kernel time, and the rest beside it. The products, in the forms onnax emits (the
+  products (Conv, ConvTranspose, Gemm, MatMul and onnxruntime's fusions of them), its other
+  kernels and the time between its kernels (allocation, the executor), each as its share of
+  the derivative's profiled run times the derivative's timed ratio to the primal. The products, in the forms onnax emits (the
   fastest bench_conv_grad.py measured), are work no better graph of the same forms avoids,
   but they run slower than the estimate above (a weight gradient's product has no prepacked
   weight, a data gradient's ConvTranspose is no forward Conv), so this is the floor as measured;
-  ``the rest`` is what a better graph could still win;
+  the other two are what a better graph could still win;
 * the peak activation memory of the onnxruntime session for the primal and for ``grad_all``
   (the peak of the resident set during a run over the one before it, with onnxruntime's arena
   off, in a fresh process each: the peak of the tensors alive at once);
@@ -291,8 +292,12 @@ PRODUCT_KERNELS = frozenset(
 )
 
 
+RUN = "(run)"  # kernel_times' key of a whole run's seconds
+
+
 def kernel_times(model: ir.Model, feeds: dict[str, np.ndarray], runs: int = 3) -> dict[str, float]:
-    """Seconds a run spends in each operator's kernels (onnxruntime's profiler, one thread).
+    """Seconds a run spends in each operator's kernels (onnxruntime's profiler, one thread),
+    and under :data:`RUN` the seconds of the whole run (kernels and what runs between them).
 
     Two runs warm up first (see :func:`time_models`); the profile covers the ``runs`` after.
     """
@@ -312,8 +317,9 @@ def kernel_times(model: ir.Model, feeds: dict[str, np.ndarray], runs: int = 3) -
             sess.run(None, all_feeds)
         events = json.loads(Path(sess.end_profiling()).read_text())
     # The warm-up runs are in the profile too: count from the first timed run's start.
-    began = [e for e in events if e.get("name") == "model_run"][-runs]["ts"]
-    by_op: dict[str, float] = {}
+    timed = [e for e in events if e.get("name") == "model_run"][-runs:]
+    began = timed[0]["ts"]
+    by_op: dict[str, float] = {RUN: sum(e["dur"] for e in timed) * 1e-6 / runs}
     for event in events:
         if (
             event.get("cat") == "Node"
@@ -354,7 +360,7 @@ def report(name: str, bench: Bench, times: dict[str, float], memory: dict[str, i
             f"{n / nodes:>8.2f} {vs}"
         )
     kernels = kernel_times(bench.models["primal"], bench.feeds["primal"])
-    share = _products(kernels) / sum(kernels.values())
+    share = _products(kernels) / (sum(kernels.values()) - kernels[RUN])
     print(
         f"  floor: Conv/Gemm/MatMul are {100 * share:.0f} % of the primal's kernel time, so a"
         f" gradient w.r.t. the weights costs about {1 + 2 * share:.2f}x the primal"
@@ -363,10 +369,16 @@ def report(name: str, bench: Bench, times: dict[str, float], memory: dict[str, i
         if key in bench.models:
             theirs = kernel_times(bench.models[key], bench.feeds[key])
             products = _products(theirs)
+            other = sum(theirs.values()) - theirs[RUN] - products
+            # Shares of the derivative's own profiled run, scaled to its timed ratio: a profile
+            # taken minutes from the timed rounds on a shared machine moves by 10 %, a share
+            # within one profile far less.
+            ratio = times[key] / primal if key in times else theirs[RUN] / kernels[RUN]
             print(
-                f"  measured floor of {key}: its products alone take"
-                f" {products / sum(kernels.values()):.2f}x the primal's kernel time, the rest"
-                f" {(sum(theirs.values()) - products) / sum(kernels.values()):.2f}x"
+                f"  measured floor of {key}: of its {ratio:.2f}x the primal, its products take"
+                f" {ratio * products / theirs[RUN]:.2f}x, its other kernels"
+                f" {ratio * other / theirs[RUN]:.2f}x, the time between kernels"
+                f" {ratio * (theirs[RUN] - products - other) / theirs[RUN]:.2f}x"
             )
     if "grad_all" in memory:
         ratio = memory["grad_all"] / max(memory["primal"], 1)
