@@ -31,7 +31,7 @@ from onnax.core.fast_ir import new_shape
 from onnax.core.inference import RANK_GUESSED, infer_shapes
 from onnax.core.name_fix import fix_names_flat
 from onnax.core.subgraphs import graph_attributes
-from onnax.core.traverse import model_graphs, subgraphs
+from onnax.core.traverse import flat_block, model_graphs, subgraphs
 from onnax.passes.cse import eliminate_common_subexpressions
 from onnax.passes.fast_steps import (
     RemoveUnusedNodes,
@@ -77,7 +77,12 @@ def cleanup(model: ir.Model) -> ir.Model:
 
 
 class Cleanup(Steps):
-    """The steps of :func:`cleanup` as one in-place pass."""
+    """The steps of :func:`cleanup` as one in-place pass.
+
+    None of the steps adds a node holding a body (they remove, reorder, rename, rewrite
+    locally and annotate): on a graph without bodies they run in a
+    :func:`~onnax.core.traverse.flat_block`, where looking for subgraphs walks nothing.
+    """
 
     def __init__(self) -> None:
         super().__init__(
@@ -92,6 +97,11 @@ class Cleanup(Steps):
             AnnotateShapes(presorted=True),
             Simplify(),
         )
+
+    def call(self, model: ir.Model) -> passes.PassResult:
+        """Runs the steps on ``model``."""
+        with flat_block(model.graph):
+            return super().call(model)
 
 
 class Simplify(Steps):
