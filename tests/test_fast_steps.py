@@ -11,6 +11,8 @@ import onnx_ir.passes.common as common
 import pytest
 
 from onnax.passes import cse, fast_steps
+from onnax.passes.cleanup import PruneNodes, RemoveDeadNodes
+from onnax.passes.steps import Steps
 
 DATA = os.path.join(os.path.dirname(__file__), "data")
 
@@ -198,3 +200,38 @@ def test_cse_keeps_constants_that_differ_or_are_too_large() -> None:
     big = np.zeros(cse.SIZE_LIMIT + 1, np.float32)
     model = _constants_model(big, big.copy())
     assert not cse.eliminate_common_subexpressions(model.graph)
+
+
+@pytest.mark.parametrize(
+    ("name", "model"), _models(), ids=lambda p: p if isinstance(p, str) else ""
+)
+def test_prune_is_the_two_steps_in_turn(name: str, model: ir.Model) -> None:
+    # Also on the graph reversed (not sorted, as a transform may leave it before cleanup):
+    # a dead consumer placed before its producer frees the producer's optional output.
+    for reverse in (False, True):
+        reference = ir.from_proto(ir.to_proto(model))
+        ours = ir.from_proto(ir.to_proto(model))
+        for graph in (reference.graph, ours.graph) if reverse else ():
+            nodes = list(graph)
+            graph.remove(nodes)
+            graph.extend(reversed(nodes))
+        expected = Steps(RemoveDeadNodes(), fast_steps.RemoveUnusedNodes())(reference)
+        result = PruneNodes()(ours)
+        assert result.modified == expected.modified
+        assert _bytes(ours) == _bytes(reference)
+
+
+def test_prune_trims_like_the_second_step_after_a_dead_consumer() -> None:
+    text = """
+    <ir_version: 8, opset_import: ["" : 15]>
+    g (float[2] x) => (float[2] y) {
+        y, mask = Dropout (x)
+    }
+    """
+    model = ir.from_onnx_text(text)
+    dropout = next(iter(model.graph))
+    dead = ir.node("Not", [dropout.outputs[1]])
+    model.graph.insert_before(dropout, dead)  # before its producer: a graph not sorted
+    PruneNodes()(model)
+    assert [n.op_type for n in model.graph] == ["Dropout"]
+    assert len(dropout.outputs) == 1  # the mask went once its dead reader had gone

@@ -95,3 +95,24 @@ def test_steps_compose_in_another_order() -> None:
     assert out.graph.outputs[0].shape == ir.Shape([3])
     xs = {"x": np.array([0.1, 0.2, 0.3], np.float32)}
     np.testing.assert_allclose(run(out, xs)["y"], np.cos(xs["x"]), rtol=1e-6)
+
+
+def test_check_passes_over_a_lowered_operator_inside_a_body_only() -> None:
+    """The operators to hide are found on the model, subgraphs included; others still fail."""
+    text = (
+        '<ir_version: 10, opset_import: ["" : 18]>\n'
+        "g (float[2, 6] x, float[6] s, bool c) => (float[2, 6] y) {\n"
+        "  y = If (c) <\n"
+        "    then_branch = t () => (float[2, 6] a) {\n"
+        "      a = SimplifiedLayerNormalization<epsilon = 1e-5>(x, s) },\n"
+        "    else_branch = e () => (float[2, 6] b) { b = {op} (x) }\n"
+        "  >\n"
+        "}"
+    )
+    source = ir.from_onnx_text(text.replace("{op}", "Relu"))
+    model = CloneSource("jvp")(source).model
+    CheckModel("jvp")(model)
+    assert {n.domain for n in model.graph.all_nodes()} == {""}  # the proto's copy only
+    refused = CloneSource("jvp")(ir.from_onnx_text(text.replace("{op}", "NoSuchOperator"))).model
+    with pytest.raises(InvalidModelError, match="NoSuchOperator"):
+        CheckModel("jvp")(refused)

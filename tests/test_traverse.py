@@ -116,3 +116,31 @@ def test_sort_names_what_onnx_irs_sort_names() -> None:
     value.name = None
     traverse.sort(model.graph)
     assert value.name is not None
+
+
+def test_flat_block_knows_a_flat_graph_has_no_subgraphs() -> None:
+    flat = ir.from_onnx_text(
+        '<ir_version: 8, opset_import: ["" : 17]>\ng (float[2] x) => (float[2] y) { y = Relu (x) }'
+    )
+    graph = flat.graph
+    with traverse.flat_block(graph) as is_flat:
+        assert is_flat
+        # Nodes without bodies come and go: the answer stays (and no walk is made).
+        node = ir.node("Neg", [graph.inputs[0]])
+        graph.append(node)
+        assert traverse.subgraphs(graph) == []
+        with traverse.fixed_nesting(graph):  # nested blocks keep the outer one's answer
+            assert traverse.subgraphs(graph) == []
+        graph.remove(node, safe=True)
+    assert graph not in traverse._FIXED
+
+
+def test_flat_block_walks_a_graph_with_bodies_as_usual() -> None:
+    model = ir.from_onnx_text(NESTED)
+    graph = model.graph
+    with traverse.flat_block(graph) as is_flat:
+        assert not is_flat
+        assert len(traverse.subgraphs(graph)) == 4
+        outer_if = next(n for n in graph if n.op_type == "If")
+        graph.remove(outer_if, safe=False)
+        assert traverse.subgraphs(graph) == []  # walked again, not remembered

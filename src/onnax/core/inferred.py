@@ -51,9 +51,10 @@ hold weak references only (to nodes, values and tensors), so they keep no graph 
 def remember(model: ir.Model) -> None:
     """Records, at the end of an inference of ``model``, what it knew of each node."""
     records: dict[int, tuple[weakref.ref[ir.Node], _Record]] = {}
+    states: dict[ir.Value, tuple[Any, ...]] = {}
     for graph in (model.graph, *subgraphs(model.graph)):
         for node in graph:
-            record = _record(node)
+            record = _record(node, states)
             if record is not None:
                 records[id(node)] = (weakref.ref(node), record)
     _RECORDS[model.graph] = records
@@ -66,9 +67,10 @@ def unchanged(model: ir.Model) -> list[ir.Node]:
         return []
     graphs = {model.graph, *subgraphs(model.graph)}
     found = []
+    states: dict[ir.Value, tuple[Any, ...]] = {}
     for ref, record in records.values():
         node = ref()
-        if node is not None and node.graph in graphs and _record(node) == record:
+        if node is not None and node.graph in graphs and _record(node, states) == record:
             found.append(node)
     return found
 
@@ -88,22 +90,46 @@ def passable(node: ir.Node) -> bool:
     for out in node.outputs:
         if not _fully_known(out):
             return False
-        if out.const_value is None and (constant or SYM_DATA_KEY in out.metadata_props):
-            return False
+        if out.const_value is None:
+            # Read without the metadata_props property, which makes a dict for each value
+            # it is read on.
+            props = out._metadata_props
+            if constant or (props and SYM_DATA_KEY in props):
+                return False
     return True
 
 
-def _record(node: ir.Node) -> _Record | None:
-    """What inference reads and writes for ``node``, or None if it must always infer it."""
+def _record(node: ir.Node, states: dict[ir.Value, tuple[Any, ...]]) -> _Record | None:
+    """What inference reads and writes for ``node``, or None if it must always infer it.
+
+    ``states`` holds the :func:`_state` of the values seen so far in this walk (nothing
+    changes during one), so that a value read by several nodes is looked at once: the
+    states were most of the records' time.
+    """
     if not passable(node):
         return None
+    inputs: list[tuple[Any, ...] | None] = []
+    for value in node.inputs:
+        if value is None:
+            inputs.append(None)
+            continue
+        state = states.get(value)
+        if state is None:
+            state = states[value] = _state(value)
+        inputs.append(state)
+    outputs = []
+    for value in node.outputs:
+        state = states.get(value)
+        if state is None:
+            state = states[value] = _state(value)
+        outputs.append(state)
     return (
         node.op_type,
         node.domain,
         node.version,
         tuple(node.attributes.data.values()),
-        tuple([_state(v) for v in node.inputs]),
-        tuple([_state(v) for v in node.outputs]),
+        tuple(inputs),
+        tuple(outputs),
     )
 
 
@@ -118,18 +144,20 @@ def _fully_known(value: ir.Value) -> bool:
     shape = value.shape
     if value.type is None or shape is None or value.is_graph_output():
         return False
-    return all(isinstance(d, int) or d.value is not None for d in shape.dims)
+    # A loop, not all() over a generator: every node's outputs are asked, at every record.
+    for d in shape.dims:  # noqa: SIM110
+        if not isinstance(d, int) and d.value is None:
+            return False
+    return True
 
 
-def _state(value: ir.Value | None) -> tuple[Any, ...] | None:
+def _state(value: ir.Value) -> tuple[Any, ...]:
     """The identity, type, shape and constant of a value, by weak reference.
 
     A weak reference compares equal to another only while both referents live and are the
     same object; a dead one equals none but itself, so a value or tensor replaced since
     (and freed, its address maybe reused) does not pass for the one recorded.
     """
-    if value is None:
-        return None
     shape = value.shape
     tensor = value.const_value
     kind = value.type

@@ -4,7 +4,7 @@
 and reordered on its own (onnx_ir's own passes where they do what is needed):
 
 1. :class:`RemoveDeadNodes`, then :class:`~onnax.passes.fast_steps.RemoveUnusedNodes` (onnx_ir's
-   ``RemoveUnusedNodesPass`` with its schema lookups cached);
+   ``RemoveUnusedNodesPass`` with its schema lookups cached), in one walk (:class:`PruneNodes`);
 2. :class:`EliminateCommonSubexpressions` (``CommonSubexpressionEliminationPass`` that keeps
    the outputs' declared types; it leaves no dead code, as the inputs of a duplicate are
    those of its twin, which stays);
@@ -31,9 +31,14 @@ from onnax.core.fast_ir import new_shape
 from onnax.core.inference import RANK_GUESSED, infer_shapes
 from onnax.core.name_fix import fix_names_flat
 from onnax.core.subgraphs import graph_attributes
-from onnax.core.traverse import model_graphs, subgraphs
+from onnax.core.traverse import flat_block, model_graphs, subgraphs
 from onnax.passes.cse import eliminate_common_subexpressions
-from onnax.passes.fast_steps import RemoveUnusedNodes, SortGraph
+from onnax.passes.fast_steps import (
+    RemoveUnusedNodes,
+    SortGraph,
+    remove_unused_initializers,
+    trim,
+)
 from onnax.passes.simplify import SimplifyLocally, remove_unused
 from onnax.passes.steps import Steps
 
@@ -45,6 +50,7 @@ __all__ = [
     "FixOutputs",
     "FixedPoint",
     "NameMainGraph",
+    "PruneNodes",
     "RemoveDeadNodes",
     "Simplify",
     "SortGraph",
@@ -71,12 +77,16 @@ def cleanup(model: ir.Model) -> ir.Model:
 
 
 class Cleanup(Steps):
-    """The steps of :func:`cleanup` as one in-place pass."""
+    """The steps of :func:`cleanup` as one in-place pass.
+
+    None of the steps adds a node holding a body (they remove, reorder, rename, rewrite
+    locally and annotate): on a graph without bodies they run in a
+    :func:`~onnax.core.traverse.flat_block`, where looking for subgraphs walks nothing.
+    """
 
     def __init__(self) -> None:
         super().__init__(
-            RemoveDeadNodes(),
-            RemoveUnusedNodes(),
+            PruneNodes(),
             # No dead code after it: a duplicate's inputs are its twin's, which stays.
             EliminateCommonSubexpressions(),
             SortGraph(),
@@ -88,6 +98,11 @@ class Cleanup(Steps):
             Simplify(),
         )
 
+    def call(self, model: ir.Model) -> passes.PassResult:
+        """Runs the steps on ``model``."""
+        with flat_block(model.graph):
+            return super().call(model)
+
 
 class Simplify(Steps):
     """The simplification: the local rewrites and CSE to a fixed point, then what they need.
@@ -98,8 +113,7 @@ class Simplify(Steps):
     def __init__(self) -> None:
         super().__init__(
             FixedPoint(SimplifyLocally(), EliminateCommonSubexpressions()),
-            RemoveDeadNodes(),
-            RemoveUnusedNodes(),
+            PruneNodes(),
             FixNames(),
         )
 
@@ -156,6 +170,44 @@ class RemoveDeadNodes(passes.InPlacePass):
         before = model.graph.num_nodes()
         _remove_dead_nodes(model.graph)
         return passes.PassResult(model, modified=model.graph.num_nodes() != before)
+
+
+class PruneNodes(passes.InPlacePass):
+    """:class:`RemoveDeadNodes`, then :class:`~onnax.passes.fast_steps.RemoveUnusedNodes`, in one walk.
+
+    After the first, the second removes no node: it trims the nodes that stay (trailing empty
+    inputs, optional outputs nothing reads) and drops unused initializers. The first walk
+    collects the nodes that stay, and they are trimmed from that list, in the second walk's
+    order, once the dead nodes are gone: the same model without the second walk over the
+    graph's linked list and its test of every output's uses (a derivative model has tens of
+    thousands of nodes, and the cleanup prunes twice).
+    """
+
+    def call(self, model: ir.Model) -> passes.PassResult:
+        """Runs the step on ``model``."""
+        if model.functions:
+            # Functions are the second step's alone: run the two as they are.
+            dead = RemoveDeadNodes()(model).modified
+            return passes.PassResult(model, RemoveUnusedNodes()(model).modified or dead)
+        graph = model.graph
+        before = graph.num_nodes()
+        kept: list[ir.Node] = []
+        _remove_dead_nodes(graph, kept)
+        _trim(kept, frozenset(graph.outputs), graph.opset_imports.get(""))
+        removed = remove_unused_initializers(model)
+        return passes.PassResult(model, modified=bool(removed) or graph.num_nodes() != before)
+
+
+def _trim(kept: list[ir.Node], outputs: frozenset[ir.Value], opset: int | None) -> None:
+    """Trims the nodes that stay, in the order ``RemoveUnusedNodesPass`` visits them.
+
+    That is last first, each before its bodies, once no dead node is left (so a graph not yet
+    sorted is trimmed as that pass trims it).
+    """
+    for node in kept:
+        trim(node, outputs, opset)
+        for body in graph_attributes(node):
+            _trim(list(reversed(body)), frozenset(body.outputs), opset)
 
 
 class EliminateCommonSubexpressions(passes.InPlacePass):
@@ -250,18 +302,22 @@ class AnnotateShapes(passes.InPlacePass):
         return passes.PassResult(model, modified=True)
 
 
-def _remove_dead_nodes(graph: ir.Graph) -> None:
+def _remove_dead_nodes(graph: ir.Graph, kept: list[ir.Node] | None = None) -> None:
     """Removes the nodes nothing uses, last first, detaching the bodies of removed ones.
 
     ``RemoveUnusedNodesPass`` leaves the body of a removed If, Loop or Scan reading the values
     it captures from the enclosing graph: those keep a use, so their producers stay, reading
     values that are gone (vmap of an unused Loop that captures a batched value left the
     unbatched producer behind, and the model failed onnx.checker's order check).
+
+    The nodes of ``graph`` that stay are appended to ``kept``, if given, last first.
     """
     outputs = frozenset(graph.outputs)
     dead = []
     for node in reversed(list(graph)):
         if any(out in outputs or out.uses() for out in node.outputs):
+            if kept is not None:
+                kept.append(node)
             for body in graph_attributes(node):
                 _remove_dead_nodes(body)
             continue

@@ -19,7 +19,7 @@ import onnx_ir.passes as passes
 
 from onnax.core import traverse
 
-__all__ = ["RemoveUnusedNodes", "SortGraph"]
+__all__ = ["RemoveUnusedNodes", "SortGraph", "remove_unused_initializers", "trim"]
 
 _OPTIONAL = onnx.defs.OpSchema.FormalParameterOption.Optional
 _VARIADIC = onnx.defs.OpSchema.FormalParameterOption.Variadic
@@ -98,6 +98,35 @@ def _remove_trailing_empty_inputs(node: ir.Node) -> None:
     node.resize_inputs(count)
 
 
+def trim(node: ir.Node, graph_outputs: frozenset[ir.Value], opset: int | None) -> None:
+    """What ``RemoveUnusedNodesPass`` does to a node it keeps.
+
+    Its trailing empty inputs go, and (given the opset of its schema) its trailing optional
+    outputs that nothing reads.
+    """
+    _remove_trailing_empty_inputs(node)
+    if opset is not None:
+        _remove_unused_optional_outputs(node, graph_outputs, opset)
+
+
+def remove_unused_initializers(model: ir.Model) -> int:
+    """Removes the main graph's initializers nothing reads (as ``RemoveUnusedNodesPass``).
+
+    Returns:
+        How many were removed.
+    """
+    graph_outputs = frozenset(model.graph.outputs)
+    graph_inputs = frozenset(model.graph.inputs)
+    initializers = model.graph.initializers
+    count = 0
+    for init in list(initializers.values()):
+        if not (init.uses() or init in graph_outputs or init in graph_inputs):
+            assert init.name is not None
+            del initializers[init.name]
+            count += 1
+    return count
+
+
 def _remove_unused_nodes(
     graph: ir.Graph | ir.Function, opset: int | None, *, is_subgraph: bool = False
 ) -> int:
@@ -116,9 +145,7 @@ def _remove_unused_nodes(
                 node.replace_input_with(i, None)
             dead.append(node)
             continue
-        _remove_trailing_empty_inputs(node)
-        if opset is not None:
-            _remove_unused_optional_outputs(node, graph_outputs, opset)
+        trim(node, graph_outputs, opset)
         for body in traverse.bodies(node):
             count += _remove_unused_nodes(body, opset, is_subgraph=True)
     if dead:
@@ -136,14 +163,7 @@ class RemoveUnusedNodes(passes.InPlacePass):
     def call(self, model: ir.Model) -> passes.PassResult:
         """Runs the step on ``model``."""
         count = _remove_unused_nodes(model.graph, None)
-        graph_outputs = frozenset(model.graph.outputs)
-        graph_inputs = frozenset(model.graph.inputs)
-        initializers = model.graph.initializers
-        for init in list(initializers.values()):
-            if not (init.uses() or init in graph_outputs or init in graph_inputs):
-                assert init.name is not None
-                del initializers[init.name]
-                count += 1
+        count += remove_unused_initializers(model)
         for function in model.functions.values():
             count += _remove_unused_nodes(function, None)
         return passes.PassResult(model, modified=bool(count))

@@ -40,6 +40,7 @@ from onnax.core.opsets import DEFAULT_OPSET, MIN_OPSET
 from onnax.core.produced import unedited
 from onnax.core.registry import jvp_rules, lowerings
 from onnax.core.skeleton import skeleton_proto
+from onnax.core.traverse import all_nodes
 from onnax.errors import InvalidModelError
 from onnax.passes.clone import clone_model
 from onnax.passes.inline_if import SimplifyControlFlow
@@ -189,7 +190,7 @@ class CheckModel(passes.InPlacePass):
     def call(self, model: ir.Model) -> passes.PassResult:
         """Runs the step on ``model``."""
         proto, _ = skeleton_proto(model)
-        _hide_schemaless(proto)
+        _hide_schemaless(proto, model)
         _check(proto, self.transform)
         return passes.PassResult(model, modified=False)
 
@@ -198,11 +199,12 @@ _UNCHECKED = "onnax.unchecked"
 """The domain that default-domain nodes without an ONNX schema move to, in the checker's copy."""
 
 
-def _hide_schemaless(proto: onnx.ModelProto) -> None:
+def _hide_schemaless(proto: onnx.ModelProto, model: ir.Model) -> None:
     """Moves default-domain nodes without an ONNX schema, but with onnax rules, out of the way.
 
-    In the checker's copy only: nodes that onnx has no schema for at the model's opset but
-    onnax has a lowering or rule for move into a private domain.
+    In the checker's copy only (``proto``, serialised from ``model``): nodes that onnx has no
+    schema for at the model's opset but onnax has a lowering or rule for move into a private
+    domain.
 
     onnxruntime registers some of its operators in the default domain and writes them into the
     models it saves (SimplifiedLayerNormalization; LayerNormalization before opset 17): onnx's
@@ -211,38 +213,33 @@ def _hide_schemaless(proto: onnx.ModelProto) -> None:
     """
     opset = next((o.version for o in proto.opset_import if o.domain in ("", "ai.onnx")), 0)
     collect()
-    moved = False
-
-    # Whether onnx has a schema, per operator: the look-up builds a schema object each time,
-    # and every node of the model asks (a fifth of the check on a derivative model).
-    has_schema: dict[str, bool] = {}
+    # The operators are found on the model, not the proto: reading a proto node's fields from
+    # Python costs a few microseconds each (the walk over the proto was nearly as long as the
+    # check itself), and the proto is walked only when one of them is to be moved, which in
+    # most models none is.
+    op_types = {n.op_type for n in all_nodes(model.graph) if n.domain in ("", "ai.onnx")}
+    hidden = {
+        op_type
+        for op_type in op_types
+        if schema_at("", op_type, opset) is None
+        and (lowerings.lookup("", op_type, opset) or jvp_rules.lookup("", op_type, opset))
+        is not None
+    }
+    if not hidden:
+        return
 
     def visit(graph: onnx.GraphProto) -> None:
-        nonlocal moved
         for node in graph.node:
             for attr in node.attribute:
                 if attr.HasField("g"):
                     visit(attr.g)
                 for sub in attr.graphs:
                     visit(sub)
-            if node.domain not in ("", "ai.onnx"):
-                continue
-            op_type = node.op_type
-            known_schema = has_schema.get(op_type)
-            if known_schema is None:
-                known_schema = has_schema[op_type] = schema_at("", op_type, opset) is not None
-            if known_schema:
-                continue
-            known = lowerings.lookup("", node.op_type, opset) or jvp_rules.lookup(
-                "", node.op_type, opset
-            )
-            if known is not None:
+            if node.domain in ("", "ai.onnx") and node.op_type in hidden:
                 node.domain = _UNCHECKED
-                moved = True
 
     visit(proto.graph)
-    if moved:
-        proto.opset_import.append(onnx.helper.make_opsetid(_UNCHECKED, 1))
+    proto.opset_import.append(onnx.helper.make_opsetid(_UNCHECKED, 1))
 
 
 class InlineFunctions(passes.InPlacePass):

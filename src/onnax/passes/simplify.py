@@ -60,6 +60,16 @@ _DROPPED = "onnax.simplify_dropped"
 """``node.meta`` key of a node a rewrite removed (it leaves the graph at the end of the sweep)."""
 
 
+def _dropped(node: ir.Node) -> bool:
+    """Whether a rewrite removed ``node`` (``node.meta[_DROPPED]``).
+
+    Read without ``node.meta``, which makes a store for every node it is read on: the sweep
+    asks every node of a derivative model, and only the dropped ones have a store to read.
+    """
+    meta = node._metadata
+    return meta is not None and bool(meta.get(_DROPPED))
+
+
 class _Sweep:
     """The state of a sweep: the main graph and the constants already read."""
 
@@ -84,12 +94,12 @@ class _Sweep:
     def run(self, graph: ir.Graph) -> bool:
         modified = False
         for node in list(graph):
-            if node.meta.get(_DROPPED) or node.domain != "":
+            if _dropped(node) or node.domain != "":
                 continue  # removed by an earlier rewrite, or not an ONNX operator
             rule = self.rules.get(node.op_type)
             if rule is not None and rule(node):
                 modified = True
-                if node.meta.get(_DROPPED):
+                if _dropped(node):
                     continue
             if foldable(node) and self.fold(node):
                 modified = True
@@ -99,7 +109,7 @@ class _Sweep:
         """:func:`_forward`, recording the node when it goes."""
         if not _forward(node, x):
             return False
-        if node.meta.get(_DROPPED):
+        if _dropped(node):
             self.dropped.append(node)
         return True
 

@@ -182,9 +182,11 @@ def _remove_linear(graph: ir.Graph, lin: Linearization) -> None:
     for node in lin.linear_nodes:
         for i in range(len(node.inputs)):
             node.replace_input_with(i, None)
-        if not node.meta.get(TAKEN):
+        # Bodies first: node.meta makes a store for each of the many linear nodes it is read on.
+        held = graph_attributes(node) if node.attributes.data else []
+        if held and not node.meta.get(TAKEN):
             # A body that was not transposed still reads outer values: drop those uses.
-            for body in graph_attributes(node):
+            for body in held:
                 discard_graph(body)
     linear_outputs = [v for v in graph.outputs if v in lin.linear]
     for v in linear_outputs:
