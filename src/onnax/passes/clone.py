@@ -113,7 +113,7 @@ def _own_type(kind: ir.TypeProtocol | None) -> ir.TypeProtocol | None:
 
 
 def _copy_value(value: ir.Value, initializer: bool) -> ir.Value:
-    """A graph input's or initializer's copy, with a view of an initializer's tensor."""
+    """A value's copy (a graph input, a node's output), with a view of an initializer's tensor."""
     tensor = value.const_value
     shape = value.shape
     copy = ir.Value(
@@ -154,19 +154,7 @@ def _copy_node(node: ir.Node, copies: dict[ir.Value, ir.Value]) -> ir.Node | Non
         elif kind is _TENSORS:
             attr = ir.AttrTensors(attr.name, [_view(t) for t in attr.as_tensors()], attr.doc_string)
         attributes.append(attr)
-    outputs = []
-    for out in node.outputs:
-        shape = out.shape
-        copy = ir.Value(
-            name=out.name,
-            type=_own_type(out.type),
-            shape=None if shape is None else copy_shape(shape),
-            doc_string=out.doc_string,
-        )
-        if out.metadata_props:
-            copy.metadata_props.update(out.metadata_props)
-        _copy_meta(out, copy)
-        outputs.append(copy)
+    outputs = [_copy_value(out, initializer=False) for out in node.outputs]
     new = ir.Node(
         node.domain,
         node.op_type,
