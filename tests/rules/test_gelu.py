@@ -232,3 +232,71 @@ def test_rule_behind_a_biased_product(case: Case, dtype: str, opset: int) -> Non
     """As the exports have it (MatMul -> Add bias -> GELU): jvp and vjp against central
     differences and the adjoint identity, w.r.t. the input, the weight and the bias."""
     run_case(case, dtype, opset)
+
+
+def _hvp(model: ir.Model) -> ir.Model:
+    """Forward over reverse: the tangent of the vjp's ``adj_X`` along ``fwd_X``."""
+    return onnax.jvp(onnax.vjp(model), inputs="X")
+
+
+# (case, k, du): y = k x (1 + erf(x du)).
+ERF_SECOND = [(ERF_TORCH, 0.5, 1 / 1.4142135), (ERF_HALF_FIRST, 0.5, 0.70710678)]
+ERF_SECOND += [(ERF_NO_HALF, 1.0, 1 / 1.4142135)]
+
+
+@pytest.mark.parametrize(("case", "k", "du"), ERF_SECOND, ids=lambda c: getattr(c, "name", ""))
+def test_erf_second_derivative_against_numpy(case: Case, k: float, du: float) -> None:
+    """A Hessian-vector product of the exact GELU is ``ct k 2 K exp(-u^2) (1 - u^2) v`` with
+    ``u = x du`` and ``K = 2 du / sqrt(pi)`` (torch's: ``phi(x) (2 - x^2)``), far out too."""
+    x = np.concatenate([np.linspace(-9.0, 9.0, 9), [0.0, 1e-3, -1.5]]).reshape(3, 4)
+    ct = np.random.default_rng(4).standard_normal((3, 4))
+    v = np.random.default_rng(5).standard_normal((3, 4))
+    u = x * np.float64(np.float32(du))
+    big_k = 2 * np.float64(np.float32(du)) / math.sqrt(math.pi)
+    expected = ct * k * 2 * big_k * np.exp(-(u**2)) * (1 - u**2) * v
+    feeds = {k_: a.astype(np.float32) for k_, a in (("X", x), ("adj_Y", ct), ("fwd_X", v))}
+    got = run(_hvp(case.model("float", 18)), feeds)["fwd_adj_X"]
+    np.testing.assert_allclose(got, expected, rtol=1e-5, atol=1e-6)
+
+
+@pytest.mark.parametrize("case", [ERF_TORCH, ERF_HALF_FIRST, ERF_NO_HALF], ids=case_id)
+def test_slope_tangent_is_one_curve(case: Case) -> None:
+    """The slope's tangent is ``2 bell (1 - u^2) t_x``: the bell the gradient holds is its only
+    Exp, and the node-by-node tangents of u, erf, u * u, the bell and x * bell are gone."""
+    model = case.model("float", 18)
+    ops = [op for op in _ops(_hvp(model)) if op != "Constant"]
+    grad = [op for op in _ops(onnax.vjp(model)) if op != "Constant"]
+    assert ops.count("Exp") == grad.count("Exp") == 1, ops
+    assert ops.count("Neg") == 0, ops
+    # The vjp's nodes, t_x * slope (and its 0.5), the curve's four, and the products of the
+    # cotangent with the slope's tangent and of its tangent with the slope.
+    assert len(ops) - len(grad) <= 9, ops
+
+
+def test_slope_with_another_constant_keeps_the_node_rules() -> None:
+    """``s + x exp(c - u^2)`` with ``c`` not the slope's own ``ln K`` is not GELU's slope: the
+    node rules differentiate it, as checked against central differences."""
+    text = (
+        HEAD + C["one"] + C["sqrt2"] + " c = Constant<value = {T} {0.1}>()\n u = Div(X, r)\n"
+        " e = Erf(u)\n s = Add(e, one)\n u2 = Mul(u, u)\n a = Sub(c, u2)\n b = Exp(a)\n"
+        " xb = Mul(X, b)\n Y = Add(s, xb) }"
+    )
+    run_case(Case("other_constant", text, dtypes=("float",)), "float", 18)
+    ops = [n.op_type for n in onnax.jvp(Case("c", text).model("float", 18)).graph]
+    assert ops.count("Exp") == 1 + 1, ops  # the primal's and erf's own derivative
+
+
+def test_hvp_with_the_bell_held_keeps_the_node_rules() -> None:
+    """With the gradient's bell held constant, the slope's tangent is ``ds + t_x bell``, that is
+    ``2 bell t_x`` (``ds/dx`` is the bell), not the whole curve."""
+    x = np.linspace(-3.0, 3.0, 12).reshape(3, 4)
+    ct = np.random.default_rng(4).standard_normal((3, 4))
+    v = np.random.default_rng(5).standard_normal((3, 4))
+    vm = onnax.vjp(ERF_TORCH.model("float", 18))
+    (bell,) = [n.outputs[0].name for n in vm.graph if n.op_type == "Exp"]
+    hvp = onnax.jvp(vm, inputs="X", stop_gradient=[bell])
+    feeds = {k: a.astype(np.float32) for k, a in (("X", x), ("adj_Y", ct), ("fwd_X", v))}
+    got = run(hvp, feeds)["fwd_adj_X"]
+    du = np.float64(np.float32(1 / 1.4142135))
+    expected = ct * 0.5 * 2 * (2 * du / math.sqrt(math.pi)) * np.exp(-((x * du) ** 2)) * v
+    np.testing.assert_allclose(got, expected, rtol=1e-5, atol=1e-6)

@@ -40,7 +40,7 @@ from onnax.core.emit import Emitter
 from onnax.core.selection import FLOAT_TYPES
 from onnax.core.static import constant_of
 
-__all__ = ["gelu_tangent"]
+__all__ = ["gelu_slope_tangent", "gelu_tangent"]
 
 
 def _scalar(v: ir.Value | None, x: ir.Value) -> float | None:
@@ -266,3 +266,96 @@ def gelu_tangent(em: Emitter, node: ir.Node) -> ir.Value | None:
 def _nodes(cdf: _Cdf, node: ir.Node, products: tuple[ir.Value, ...]) -> list[ir.Node]:
     values = (*cdf.values, *products)
     return [node, *(p for p in (v.producer() for v in values) if p is not None)]
+
+
+@dataclasses.dataclass(frozen=True)
+class _ErfSlope:
+    """``slope = s + x * bell``, ``bell = exp(ln K - u2)``, ``u2 = u * u``: :func:`_slope`'s erf form."""
+
+    cdf: _Cdf
+    bell: ir.Value
+    u2: ir.Value
+    values: tuple[ir.Value, ...]  # the slope's intermediates, which must all carry tangents
+
+
+def _is_log_k(v: ir.Value | None, cdf: _Cdf) -> bool:
+    """Whether ``v`` is the constant ``ln(du 2 / sqrt(pi))`` of :func:`_slope`, as rounded there.
+
+    A few units in the last place of slack: the identity the slope's tangent uses holds only
+    for this constant, and a graph rounded once more (say to float16 after the transform) still
+    matches, with an error of that rounding's order.
+    """
+    c = _scalar(v, cdf.u)
+    data = constant_of(v) if v is not None else None
+    big_k = cdf.du * 2.0 / math.sqrt(math.pi)
+    if c is None or data is None or big_k <= 0.0:
+        return False
+    expected = math.log(big_k)
+    eps = float(np.finfo(data.dtype).eps) if data.dtype.kind == "f" else 2.0**-7  # bfloat16
+    return abs(c - expected) <= 4.0 * eps * max(1.0, abs(expected))
+
+
+def _erf_slope(node: ir.Node) -> _ErfSlope | None:
+    """The erf slope when ``node`` (an ``Add``) is ``s + x * exp(ln K - u * u)``, else None."""
+    if len(node.inputs) != 2:
+        return None
+    for s, xb in (node.inputs, node.inputs[::-1]):
+        mul = _producer(xb, "Mul")
+        if s is None or xb is None or mul is None or len(mul.inputs) != 2:
+            continue
+        cdf = _cdf_of(s)
+        if cdf is None or cdf.kind != "erf":
+            continue
+        for x, bell in (mul.inputs, mul.inputs[::-1]):
+            exp = _producer(bell, "Exp") if x is cdf.x else None
+            sub = _producer(exp.inputs[0], "Sub") if exp is not None else None
+            if bell is None or exp is None or sub is None or len(sub.inputs) != 2:
+                continue
+            u2 = sub.inputs[1]
+            square = _producer(u2, "Mul")
+            if (
+                u2 is None
+                or square is None
+                or square.inputs[0] is not cdf.u
+                or square.inputs[1] is not cdf.u
+                or not _is_log_k(sub.inputs[0], cdf)
+            ):
+                continue
+            arg = exp.inputs[0]
+            assert arg is not None
+            return _ErfSlope(cdf, bell, u2, (*cdf.values, u2, arg, bell, xb))
+    return None
+
+
+def gelu_slope_tangent(em: Emitter, node: ir.Node) -> ir.Value | None:
+    """The tangent of an erf GELU's slope (:func:`_slope`) ending at ``node`` (its ``Add``).
+
+    Forward over reverse (a Hessian-vector product) differentiates the slope the gradient
+    holds. Node by node that is eleven full-size passes (the tangents of ``u``, ``erf``,
+    ``u * u``, the bell and ``x * bell``, the bell a second ``Exp``); read as one function of
+    ``x``, ``d(s + x bell)/dx = bell + bell (1 - 2 x u du) = 2 bell (1 - u^2)`` (``ds/dx =
+    erf'(u) du = K exp(-u^2) = bell`` and ``x du = u``), four passes from values the sweep
+    holds. None when ``node`` is not such a slope, a value inside it has no tangent, a constant
+    has one, or the type is not a float one: the caller then uses the node rules.
+    """
+    tangent: dict[ir.Value, ir.Value] | None = getattr(em, "tangent", None)
+    y = node.outputs[0]
+    if tangent is None or y.dtype not in FLOAT_TYPES:
+        return None
+    found = _erf_slope(node)
+    if found is None:
+        return None
+    cdf = found.cdf
+    t_x = tangent.get(cdf.x)
+    if t_x is None or any(tangent.get(v) is None for v in found.values):
+        return None
+    chain = [node, *(p for p in (v.producer() for v in found.values) if p is not None)]
+    if any(
+        i is not None and constant_of(i) is not None and tangent.get(i) is not None
+        for n in chain
+        for i in n.inputs
+    ):
+        return None
+    x = cdf.x
+    curve = em.op("Mul", [found.bell, em.op("Sub", [em.scalar(1.0, x), found.u2])])
+    return em.op("Mul", [em.op("Mul", [t_x, curve]), em.scalar(2.0, x)])

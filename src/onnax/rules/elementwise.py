@@ -28,7 +28,7 @@ from onnax.core.selection import FLOAT_TYPES
 from onnax.core.shapes import broadcast_to, expand_input, same_shape, unbroadcast
 from onnax.core.static import constant_of
 from onnax.errors import UnsupportedOperatorError
-from onnax.rules._gelu import gelu_tangent
+from onnax.rules._gelu import gelu_slope_tangent, gelu_tangent
 from onnax.rules._patterns import (
     attributes_of,
     broadcasting_batch,
@@ -48,6 +48,9 @@ def _add_sub_jvp(em: Emitter, node: ir.Node, tangents: Tangents) -> list[ir.Valu
     (a, b), (ta, tb), y = node.inputs, tangents, node.outputs[0]
     assert a is not None and b is not None
     if ta is not None and tb is not None:
+        slope = gelu_slope_tangent(em, node) if node.op_type == "Add" else None
+        if slope is not None:
+            return [slope]
         return [em.op(node.op_type, [ta, tb])]
     if ta is not None:
         return [broadcast_to(em, ta, a, y)]
