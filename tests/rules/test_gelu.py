@@ -11,6 +11,7 @@ constant is differentiated, an intermediate is also an output) the node rules st
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 
 import numpy as np
 import onnx_ir as ir
@@ -244,10 +245,26 @@ ERF_SECOND = [(ERF_TORCH, 0.5, 1 / 1.4142135), (ERF_HALF_FIRST, 0.5, 0.70710678)
 ERF_SECOND += [(ERF_NO_HALF, 1.0, 1 / 1.4142135)]
 
 
+def _rev_over_rev(model: ir.Model) -> ir.Model:
+    """Reverse over reverse: the vjp of the vjp's ``adj_X``, its cotangent fed as ``fwd_X``."""
+    second = onnax.vjp(onnax.vjp(model), inputs="X", outputs="adj_X")
+    for v in second.graph.inputs:
+        if v.name == "adj2_adj_X":
+            v.name = "fwd_X"
+    for v in second.graph.outputs:
+        if v.name == "adj2_X":
+            v.name = "fwd_adj_X"
+    return second
+
+
+@pytest.mark.parametrize("mode", [_hvp, _rev_over_rev], ids=["fwd_over_rev", "rev_over_rev"])
 @pytest.mark.parametrize(("case", "k", "du"), ERF_SECOND, ids=lambda c: getattr(c, "name", ""))
-def test_erf_second_derivative_against_numpy(case: Case, k: float, du: float) -> None:
+def test_erf_second_derivative_against_numpy(
+    case: Case, k: float, du: float, mode: Callable[[ir.Model], ir.Model]
+) -> None:
     """A Hessian-vector product of the exact GELU is ``ct k 2 K exp(-u^2) (1 - u^2) v`` with
-    ``u = x du`` and ``K = 2 du / sqrt(pi)`` (torch's: ``phi(x) (2 - x^2)``), far out too."""
+    ``u = x du`` and ``K = 2 du / sqrt(pi)`` (torch's: ``phi(x) (2 - x^2)``), far out too, in
+    forward over reverse and (the slope's tangent transposed) reverse over reverse."""
     x = np.concatenate([np.linspace(-9.0, 9.0, 9), [0.0, 1e-3, -1.5]]).reshape(3, 4)
     ct = np.random.default_rng(4).standard_normal((3, 4))
     v = np.random.default_rng(5).standard_normal((3, 4))
@@ -255,7 +272,7 @@ def test_erf_second_derivative_against_numpy(case: Case, k: float, du: float) ->
     big_k = 2 * np.float64(np.float32(du)) / math.sqrt(math.pi)
     expected = ct * k * 2 * big_k * np.exp(-(u**2)) * (1 - u**2) * v
     feeds = {k_: a.astype(np.float32) for k_, a in (("X", x), ("adj_Y", ct), ("fwd_X", v))}
-    got = run(_hvp(case.model("float", 18)), feeds)["fwd_adj_X"]
+    got = run(mode(case.model("float", 18)), feeds)["fwd_adj_X"]
     np.testing.assert_allclose(got, expected, rtol=1e-5, atol=1e-6)
 
 

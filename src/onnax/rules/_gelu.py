@@ -26,6 +26,14 @@ The slope is the chain rule of the graph as written, with its own constants (the
 
 :func:`gelu_tangent` is called by the ``Mul`` jvp rule; it matches only when every
 intermediate carries a tangent (no stop_gradient inside) and the constants carry none.
+
+Second order (a Hessian-vector product, forward over reverse; reverse over reverse transposes
+the same tangent): the gradient holds the erf slope ``s + x bell`` as primitives, and
+:func:`gelu_slope_tangent`, called by the ``Add`` jvp rule, reads it back as one function of
+``x`` too: its tangent is ``2 bell (1 - u^2) t_x``, four full-size passes where the node rules
+spend eleven (with a second ``Exp``). ViT-S/16's Hessian-vector product at batch 8: the
+elementwise kernels on the MLP's activations 244 -> 120 ms, the whole 5.29 -> 5.11 times the
+primal. The tanh slope keeps the node rules.
 """
 
 from __future__ import annotations
