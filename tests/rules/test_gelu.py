@@ -276,18 +276,45 @@ def test_erf_second_derivative_against_numpy(
     np.testing.assert_allclose(got, expected, rtol=1e-5, atol=1e-6)
 
 
-@pytest.mark.parametrize("case", [ERF_TORCH, ERF_HALF_FIRST, ERF_NO_HALF], ids=case_id)
-def test_slope_tangent_is_one_curve(case: Case) -> None:
-    """The slope's tangent is ``2 bell (1 - u^2) t_x``: the bell the gradient holds is its only
-    Exp, and the node-by-node tangents of u, erf, u * u, the bell and x * bell are gone."""
+@pytest.mark.parametrize(
+    ("case", "added"),
+    # Over the vjp's nodes: t_x * slope (and its 0.5), the curve (erf four, tanh ten, with
+    # x * x shared by CSE where the graph has it), the products of the cotangent with the
+    # slope's tangent and of its tangent with the slope. Node by node: 13 (erf), 19 and 21.
+    [(ERF_TORCH, 9), (ERF_HALF_FIRST, 9), (ERF_NO_HALF, 9), (TANH_GPT2, 12), (TANH_FAST_GELU, 12)],
+    ids=case_id,
+)
+def test_slope_tangent_is_one_curve(case: Case, added: int) -> None:
+    """The slope's tangent is one curve times ``t_x``: erf's ``2 bell (1 - u^2)`` (the bell
+    the gradient holds its only Exp), tanh's ``s w (u' (3 + zp - near s) - 2 c2)``; the
+    node-by-node tangents of the chain (with their Neg) are gone."""
     model = case.model("float", 18)
     ops = [op for op in _ops(_hvp(model)) if op != "Constant"]
     grad = [op for op in _ops(onnax.vjp(model)) if op != "Constant"]
-    assert ops.count("Exp") == grad.count("Exp") == 1, ops
+    assert ops.count("Exp") == grad.count("Exp"), ops
+    assert ops.count("Tanh") == grad.count("Tanh"), ops
     assert ops.count("Neg") == 0, ops
-    # The vjp's nodes, t_x * slope (and its 0.5), the curve's four, and the products of the
-    # cotangent with the slope's tangent and of its tangent with the slope.
-    assert len(ops) - len(grad) <= 9, ops
+    assert len(ops) - len(grad) <= added, ops
+
+
+@pytest.mark.parametrize("mode", [_hvp, _rev_over_rev], ids=["fwd_over_rev", "rev_over_rev"])
+@pytest.mark.parametrize("case", [TANH_GPT2, TANH_FAST_GELU], ids=case_id)
+@pytest.mark.parametrize("dtype", ["float", "double"])
+def test_tanh_second_derivative_against_numpy(
+    case: Case, dtype: str, mode: Callable[[ir.Model], ir.Model]
+) -> None:
+    """A Hessian-vector product of the tanh GELU against float64 central differences of the
+    graph's own slope (``_tanh_slope``, exact in double), far out too."""
+    np_dtype = np.float32 if dtype == "float" else np.float64
+    x = np.concatenate([np.linspace(-9.0, 9.0, 9), [0.0, 1e-3, -1.5]]).reshape(3, 4)
+    ct = np.random.default_rng(4).standard_normal((3, 4))
+    v = np.random.default_rng(5).standard_normal((3, 4))
+    h = 1e-5
+    curve = (_tanh_slope(x + h, np_dtype) - _tanh_slope(x - h, np_dtype)) / (2 * h)
+    feeds = {k: a.astype(np_dtype) for k, a in (("X", x), ("adj_Y", ct), ("fwd_X", v))}
+    got = run(mode(case.model(dtype, 18)), feeds)["fwd_adj_X"]
+    tol = {"rtol": 1e-5, "atol": 1e-5} if dtype == "float" else {"rtol": 1e-8, "atol": 1e-9}
+    np.testing.assert_allclose(got, ct * curve * v, **tol)
 
 
 def test_slope_with_another_constant_keeps_the_node_rules() -> None:

@@ -28,12 +28,12 @@ The slope is the chain rule of the graph as written, with its own constants (the
 intermediate carries a tangent (no stop_gradient inside) and the constants carry none.
 
 Second order (a Hessian-vector product, forward over reverse; reverse over reverse transposes
-the same tangent): the gradient holds the erf slope ``s + x bell`` as primitives, and
-:func:`gelu_slope_tangent`, called by the ``Add`` jvp rule, reads it back as one function of
-``x`` too: its tangent is ``2 bell (1 - u^2) t_x``, four full-size passes where the node rules
-spend eleven (with a second ``Exp``). ViT-S/16's Hessian-vector product at batch 8: the
-elementwise kernels on the MLP's activations 244 -> 120 ms, the whole 5.29 -> 5.11 times the
-primal. The tanh slope keeps the node rules.
+the same tangent): the gradient holds the slope as primitives, and :func:`gelu_slope_tangent`,
+called by the ``Add`` (erf's ``s + x bell``) and ``Mul`` (tanh's ``(z + 1) s``) jvp rules,
+reads it back as one function of ``x`` too: erf's tangent is ``2 bell (1 - u^2) t_x``, four
+full-size passes where the node rules spend eleven (with a second ``Exp``); tanh's ten where
+they spend eighteen. ViT-S/16's Hessian-vector product at batch 8: the elementwise kernels on
+the MLP's activations 244 -> 120 ms, the whole 5.29 -> 5.11 times the primal.
 """
 
 from __future__ import annotations
@@ -335,22 +335,102 @@ def _erf_slope(node: ir.Node) -> _ErfSlope | None:
     return None
 
 
+@dataclasses.dataclass(frozen=True)
+class _TanhSlope:
+    """``slope = (z + 1) s``, ``z = near (1 - t)``, ``near = u + 2 c2 m``: :func:`_slope`'s tanh form."""
+
+    cdf: _Cdf
+    c1: float  # m = c1 * x**3
+    near: ir.Value
+    w: ir.Value  # 1 - t
+    zp: ir.Value  # z + 1
+    values: tuple[ir.Value, ...]
+
+
+def _tanh_slope(node: ir.Node) -> _TanhSlope | None:
+    """The tanh slope when ``node`` (a ``Mul``) is ``(near (1 - t) + 1) s``, else None."""
+    if len(node.inputs) != 2:
+        return None
+    for zp, s in (node.inputs, node.inputs[::-1]):
+        z = _one_plus(zp) if zp is not None else None
+        product = _producer(z, "Mul")
+        cdf = _cdf_of(s) if s is not None and product is not None else None
+        if zp is None or z is None or product is None or cdf is None or cdf.kind != "tanh":
+            continue
+        assert cdf.cube is not None
+        scaled = _producer(cdf.cube, "Mul")
+        cube = _split_const(scaled) if scaled is not None else None
+        for near, w in (product.inputs, product.inputs[::-1]):
+            sub = _producer(w, "Sub")
+            add = _producer(near, "Add")
+            if near is None or w is None or sub is None or add is None or cube is None:
+                continue
+            if _scalar(sub.inputs[0], cdf.x) != 1.0 or sub.inputs[1] is not cdf.f:
+                continue
+            if not _is_near(add, cdf):
+                continue
+            values = (*cdf.values, near, w, z, zp)
+            return _TanhSlope(cdf, cube[1], near, w, zp, values)
+    return None
+
+
+def _is_near(add: ir.Node, cdf: _Cdf) -> bool:
+    """Whether ``add`` is ``u + m * 2 c2`` (either order, the scalar either side)."""
+    for u, scaled in (add.inputs, add.inputs[::-1]):
+        mul = _producer(scaled, "Mul")
+        split = _split_const(mul) if mul is not None else None
+        if u is cdf.u and split is not None and split[0] is cdf.cube:
+            expected = 2.0 * cdf.c2
+            return abs(split[1] - expected) <= 1e-6 * max(1.0, abs(expected))
+    return False
+
+
+def _erf_curve(em: Emitter, found: _ErfSlope, t_x: ir.Value) -> ir.Value:
+    """``2 bell (1 - u^2) t_x``: see :func:`gelu_slope_tangent`."""
+    x = found.cdf.x
+    curve = em.op("Mul", [found.bell, em.op("Sub", [em.scalar(1.0, x), found.u2])])
+    return em.op("Mul", [em.op("Mul", [t_x, curve]), em.scalar(2.0, x)])
+
+
+def _tanh_curve(em: Emitter, found: _TanhSlope, t_x: ir.Value) -> ir.Value:
+    """``s w (near' + u' (zp - near s)) t_x``: see :func:`gelu_slope_tangent`.
+
+    With ``u' = c2 (1 + 3 c1 x^2)`` and ``near' = c2 (1 + 9 c1 x^2) = 3 u' - 2 c2`` that is
+    ``s w (u' (3 + zp - near s) - 2 c2) t_x``.
+    """
+    cdf = found.cdf
+    x, c2 = cdf.x, cdf.c2
+    x2 = em.op("Mul", [x, x])
+    du = em.op("Add", [em.op("Mul", [x2, em.scalar(3.0 * found.c1 * c2, x)]), em.scalar(c2, x)])
+    rest = em.op(
+        "Sub", [em.op("Add", [found.zp, em.scalar(3.0, x)]), em.op("Mul", [found.near, cdf.s])]
+    )
+    inner = em.op("Sub", [em.op("Mul", [du, rest]), em.scalar(2.0 * c2, x)])
+    curve = em.op("Mul", [em.op("Mul", [cdf.s, found.w]), inner])
+    return em.op("Mul", [curve, t_x])
+
+
 def gelu_slope_tangent(em: Emitter, node: ir.Node) -> ir.Value | None:
-    """The tangent of an erf GELU's slope (:func:`_slope`) ending at ``node`` (its ``Add``).
+    """The tangent of a GELU's slope (:func:`_slope`) ending at ``node`` (its last node).
 
     Forward over reverse (a Hessian-vector product) differentiates the slope the gradient
-    holds. Node by node that is eleven full-size passes (the tangents of ``u``, ``erf``,
-    ``u * u``, the bell and ``x * bell``, the bell a second ``Exp``); read as one function of
-    ``x``, ``d(s + x bell)/dx = bell + bell (1 - 2 x u du) = 2 bell (1 - u^2)`` (``ds/dx =
-    erf'(u) du = K exp(-u^2) = bell`` and ``x du = u``), four passes from values the sweep
-    holds. None when ``node`` is not such a slope, a value inside it has no tangent, a constant
-    has one, or the type is not a float one: the caller then uses the node rules.
+    holds. For erf (an ``Add``), node by node that is eleven full-size passes (the tangents of
+    ``u``, ``erf``, ``u * u``, the bell and ``x * bell``, the bell a second ``Exp``); read as
+    one function of ``x``, ``d(s + x bell)/dx = bell + bell (1 - 2 x u du) = 2 bell (1 - u^2)``
+    (``ds/dx = erf'(u) du = K exp(-u^2) = bell`` and ``x du = u``), four passes from values the
+    sweep holds. For tanh (a ``Mul``), with ``w = 1 - t``, ``s' = s w u'`` and ``z' = w (near'
+    - near s u')``: ``d((z + 1) s)/dx = s w (near' + u' (z + 1 - near s))``, ten passes where the
+    node rules spend eighteen. None when ``node`` is not such a slope, a value inside it has
+    no tangent, a constant has one, or the type is not a float one: the caller then uses the
+    node rules.
     """
     tangent: dict[ir.Value, ir.Value] | None = getattr(em, "tangent", None)
     y = node.outputs[0]
     if tangent is None or y.dtype not in FLOAT_TYPES:
         return None
-    found = _erf_slope(node)
+    found: _ErfSlope | _TanhSlope | None = (
+        _erf_slope(node) if node.op_type == "Add" else _tanh_slope(node)
+    )
     if found is None:
         return None
     cdf = found.cdf
@@ -364,6 +444,6 @@ def gelu_slope_tangent(em: Emitter, node: ir.Node) -> ir.Value | None:
         for i in n.inputs
     ):
         return None
-    x = cdf.x
-    curve = em.op("Mul", [found.bell, em.op("Sub", [em.scalar(1.0, x), found.u2])])
-    return em.op("Mul", [em.op("Mul", [t_x, curve]), em.scalar(2.0, x)])
+    if isinstance(found, _ErfSlope):
+        return _erf_curve(em, found, t_x)
+    return _tanh_curve(em, found, t_x)

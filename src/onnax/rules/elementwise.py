@@ -98,6 +98,8 @@ def _mul_jvp(em: Emitter, node: ir.Node, tangents: Tangents) -> list[ir.Value | 
     (a, b), (ta, tb) = node.inputs, tangents
     assert a is not None and b is not None
     gelu = gelu_tangent(em, node)
+    if gelu is None and ta is not None and tb is not None:
+        gelu = gelu_slope_tangent(em, node)
     if gelu is not None:
         return [gelu]
     if a is b and ta is not None:
