@@ -46,6 +46,7 @@ __all__ = [
     "standardize_fused",
     "standardized_tangent",
     "standardized_tangent_of",
+    "standardized_tangent_parts",
     "sum_shaped",
 ]
 
@@ -240,19 +241,32 @@ def standardized_tangent_of(em: Emitter, t: ir.Value, s: Standardized, x: ir.Val
         s: The standardisation of ``x``.
         x: The data, whose static shape gives ``n``.
     """
+    parts = standardized_tangent_parts(em, t, s, x)
+    return parts[0] if parts is not None else standardized_tangent(em, t, s).dxhat
+
+
+def standardized_tangent_parts(
+    em: Emitter, t: ir.Value, s: Standardized, x: ir.Value
+) -> tuple[ir.Value, ir.Value] | None:
+    """:func:`standardized_tangent_of`'s static form, with ``-inv * mean(xhat * t)``.
+
+    ``(dxhat, m)``, where ``m`` is the per-row factor the form computes anyway: the tangent of
+    ``inv`` is ``inv * m`` (``-inv**2 * mean(xhat * t)``). None for a dynamic ``n``.
+    """
     dims = x.shape.dims if x.shape is not None else None
     sizes = [d for d in (dims[a] for a in s.axes) if isinstance(d, int)] if dims else []
     if dims is None or len(sizes) != len(s.axes):
-        return standardized_tangent(em, t, s).dxhat
+        return None
     n = math.prod(sizes)
     minus_1_over_n = em.scalar(-1.0 / n, dtype_of(x))
     k = em.op("Mul", [t, s.inv])
     along_xhat = em.reduce_sum(em.op("Mul", [k, s.xhat]), s.axes, keepdims=True)
-    total = em.op("Add", [k, em.op("Mul", [s.xhat, em.op("Mul", [along_xhat, minus_1_over_n])])])
+    m = em.op("Mul", [along_xhat, minus_1_over_n])
+    total = em.op("Add", [k, em.op("Mul", [s.xhat, m])])
     if s.mean is None:
-        return total
+        return total, m
     row = em.op("Mul", [em.reduce_sum(k, s.axes, keepdims=True), minus_1_over_n])
-    return em.op("Add", [total, row])
+    return em.op("Add", [total, row]), m
 
 
 def fold_leading(bx: Batcher, x: ir.Value, original: ir.Value) -> tuple[ir.Value, ir.Value]:

@@ -80,6 +80,7 @@ from onnax.core.batching import Batcher
 from onnax.core.diagnostics import node_label, op_label
 from onnax.core.emit import Emitter
 from onnax.core.registry import Args, BatchResult, BatchRule, JvpRule, OpRules, Tangents
+from onnax.core.static import constant_of
 from onnax.errors import UnsupportedOperatorError
 from onnax.rules._normalization import (
     along_channels,
@@ -97,6 +98,7 @@ from onnax.rules._normalization import (
     standardize_fused,
     standardized_tangent,
     standardized_tangent_of,
+    standardized_tangent_parts,
     sum_shaped,
 )
 from onnax.rules._patterns import attributes_of
@@ -179,29 +181,57 @@ def _layer_norm_jvp(em: Emitter, node: ir.Node, tangents: Tangents) -> list[ir.V
     s = standardize_fused(em, x, axis, axes, epsilon(node), scale) or standardize(
         em, x, axes, epsilon(node), dtype_of(x)
     )
+    # The tangent of xhat is spelled alike with or without statistics outputs: the unit-scale
+    # LayerNormalization a gradient computes xhat with and the model's own one on the same x
+    # then share it after CSE (forward over reverse differentiates both).
+    parts = standardized_tangent_parts(em, tx, s, x) if tx is not None else None
     stats = [o for o in node.outputs[1:] if is_present(o)]
-    st = standardized_tangent(em, tx, s) if tx is not None and stats else None
-    dxhat = st.dxhat if st is not None else None
-    if tx is not None and not stats:
+    st = standardized_tangent(em, tx, s) if tx is not None and stats and parts is None else None
+    dxhat = parts[0] if parts is not None else (st.dxhat if st is not None else None)
+    if dxhat is None and tx is not None:
         dxhat = standardized_tangent_of(em, tx, s, x)
     terms: list[ir.Value | None] = [
-        em.op("Mul", [dxhat, scale]) if dxhat is not None else None,
+        _scaled(em, dxhat, scale, x) if dxhat is not None else None,
         em.op("Mul", [s.xhat, ts]) if ts is not None else None,
     ]
     outs: list[ir.Value | None] = [sum_shaped(em, terms, tb, bias, y)]
     if len(node.outputs) > 1:
         mean_out, dmean = node.outputs[1], None
-        if st is not None and st.mean_t is not None and is_present(mean_out):
-            dmean = cast_to(em, st.mean_t, dtype_of(x), dtype_of(mean_out))
+        if tx is not None and is_present(mean_out):
+            mean_t = (
+                st.mean_t if st is not None else em.reduce("ReduceMean", tx, axes, keepdims=True)
+            )
+            assert mean_t is not None
+            dmean = cast_to(em, mean_t, dtype_of(x), dtype_of(mean_out))
         outs.append(dmean)
     if len(node.outputs) > 2:
         inv_out = node.outputs[2]
         dinv = None
-        if st is not None and is_present(inv_out):
+        if parts is not None and is_present(inv_out):
+            dinv = cast_to(em, em.op("Mul", [s.inv, parts[1]]), dtype_of(x), dtype_of(inv_out))
+        elif st is not None and is_present(inv_out):
             coef = em.op("Neg", [em.op("Mul", [s.inv, s.inv])])
             dinv = cast_to(em, em.op("Mul", [st.mean_xt, coef]), dtype_of(x), dtype_of(inv_out))
         outs.append(dinv)
     return outs
+
+
+def _scaled(em: Emitter, dxhat: ir.Value, scale: ir.Value, x: ir.Value) -> ir.Value:
+    """``dxhat * scale``, or ``dxhat`` for a ``Constant`` scale of ones.
+
+    A gradient's unit-scale LayerNormalization has one. The scale broadcasts to the normalised
+    dimensions of ``dxhat``'s own shape, so the product would only copy it. Only a ``Constant``
+    node's: an initializer is a parameter (a model's LayerNorm weights start as ones), whose
+    value a derivative model must keep reading.
+    """
+    producer = scale.producer()
+    # The product's type is X's (dxhat's, not yet inferred here).
+    if producer is None or producer.op_type != "Constant" or scale.dtype != x.dtype:
+        return em.op("Mul", [dxhat, scale])
+    ones = constant_of(scale)
+    if ones is not None and ones.size > 0 and bool(np.all(ones == 1)):
+        return dxhat
+    return em.op("Mul", [dxhat, scale])
 
 
 # ------------------------------------------------------------------------- RMSNormalization
