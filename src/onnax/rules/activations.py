@@ -186,28 +186,33 @@ def _mish(em: Emitter, node: ir.Node, x: ir.Value, y: ir.Value) -> ir.Value:
 
 
 def _gelu(em: Emitter, node: ir.Node, x: ir.Value, y: ir.Value) -> ir.Value:
+    # The slopes are spelled as onnax.rules._gelu spells those of the exporters' primitive
+    # GELUs, so that forward over reverse reads them back as one function of x
+    # (gelu_slope_tangent): a Hessian-vector product then spends four (erf) or ten (tanh)
+    # elementwise passes on the slope's tangent instead of its nodes' tangents.
     approximate = node.attributes.get_string("approximate", "none")
     half, one = _c(em, 0.5, x), _c(em, 1.0, x)
     if approximate == "none":
-        # y = x Phi(x): dy = Phi(x) + x phi(x), Phi(x) = (1 + erf(x/sqrt 2)) / 2
-        cdf = _mul(
-            em, half, _add(em, one, em.op("Erf", [_mul(em, x, _c(em, 1 / math.sqrt(2.0), x))]))
+        # y = x Phi(x), Phi(x) = (1 + erf(u)) / 2 with u = x / sqrt 2: dy = (s + x bell) / 2 with
+        # s = 1 + erf(u) and bell = 2 phi(x) = exp(ln sqrt(2 / pi) - u^2).
+        du = 1 / math.sqrt(2.0)
+        u = _mul(em, x, _c(em, du, x))
+        s = _add(em, em.op("Erf", [u]), one)
+        bell = em.op(
+            "Exp", [_sub(em, _c(em, math.log(du * 2 / math.sqrt(math.pi)), x), _square(em, u))]
         )
-        pdf = _mul(
-            em,
-            _c(em, 1 / math.sqrt(2 * math.pi), x),
-            em.op("Exp", [_mul(em, _c(em, -0.5, x), _square(em, x))]),
-        )
-        return _add(em, cdf, _mul(em, x, pdf))
+        return _mul(em, _add(em, s, _mul(em, x, bell)), half)
     if approximate == "tanh":
-        # y = x (1 + tanh(u)) / 2, u = c (x + k x^3): dy = (1 + th) / 2 + x (1 - th^2) c (1 + 3 k x^2) / 2
+        # y = x (1 + t) / 2, t = tanh(u), u = c (x + m), m = k x^3: dy = (z + 1) s / 2 with
+        # s = 1 + t and z = (u + 2 c m) (1 - t) (x du/dx = c (x + 3 m), 1 - t^2 = (1 - t) s).
         c, k = math.sqrt(2 / math.pi), 0.044715
-        x2 = _square(em, x)
-        u = _mul(em, _c(em, c, x), _add(em, x, _mul(em, _c(em, k, x), _mul(em, x2, x))))
+        m = _mul(em, _mul(em, _square(em, x), x), _c(em, k, x))
+        u = _mul(em, _add(em, x, m), _c(em, c, x))
         th = em.op("Tanh", [u])
-        du = _add(em, _c(em, c, x), _mul(em, _c(em, 3 * k * c, x), x2))
-        inner = _mul(em, _mul(em, x, _sub(em, one, _square(em, th))), du)
-        return _mul(em, half, _add(em, _add(em, one, th), inner))
+        s = _add(em, th, one)
+        near = _add(em, u, _mul(em, m, _c(em, 2 * c, x)))
+        z = _mul(em, near, _sub(em, one, th))
+        return _mul(em, _mul(em, _add(em, z, one), s), half)
     raise UnsupportedOperatorError(
         f"{op_label(node)}: {node_label(node)} has approximate={approximate!r}; the ONNX Gelu "
         "operator defines only 'none' and 'tanh'. Remedy: set approximate to 'none' (exact, "
