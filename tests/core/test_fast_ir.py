@@ -41,3 +41,80 @@ def test_shape_is_mutable_like_the_constructors() -> None:
     shape.freeze()
     with pytest.raises(TypeError):
         shape[1] = 3
+
+
+# ------------------------------------------------------------------------------ nodes
+_FLOAT = ir.TensorType(ir.DataType.FLOAT)
+
+
+def test_builds_nodes_directly() -> None:
+    """On the installed onnx_ir the direct construction of nodes is the one in use."""
+    assert fast_ir._BUILD_NODE is fast_ir._direct_node
+
+
+def _attrs() -> list[ir.Attr]:
+    return [
+        ir.Attr("axis", ir.AttributeType.INT, 1),
+        ir.Attr("perm", ir.AttributeType.INTS, [1, 0]),
+        ir.Attr("value", ir.AttributeType.TENSOR, ir.tensor([1.0, 2.0])),
+    ]
+
+
+@pytest.mark.parametrize("domain", ["", "ai.onnx", "com.microsoft"])
+@pytest.mark.parametrize("num_outputs", [0, 1, 3])
+@pytest.mark.parametrize("with_attributes", [False, True])
+def test_new_node_has_the_constructors_state(
+    domain: str, num_outputs: int, with_attributes: bool
+) -> None:
+    x, y = ir.Value(name="x"), ir.Value(name="y")
+    attrs = _attrs() if with_attributes else []
+    inputs = [x, None, y, x]
+    theirs = ir.Node(domain, "Op", inputs, attributes=attrs, num_outputs=num_outputs)
+    mine = fast_ir.new_node(domain, "Op", inputs, attrs, num_outputs)
+    assert fast_ir._node_state(mine) == fast_ir._node_state(theirs)
+    # The inputs know the node as a use at each position, after the constructor's node.
+    expected = [(False, 0), (False, 3), (True, 0), (True, 3)]
+    assert [(u.node is mine, u.idx) for u in x.uses()] == expected
+    assert [(u.node is mine, u.idx) for u in y.uses()] == [(False, 2), (True, 2)]
+    assert all(out.producer() is mine for out in mine.outputs)
+    assert [out.index() for out in mine.outputs] == list(range(num_outputs))
+    assert mine.attributes.keys() == theirs.attributes.keys()
+
+
+def _graph_of(build: object) -> ir.Model:
+    """y = Transpose(Add(x, x)) with nodes from ``build`` (new_node or the constructor)."""
+    x = ir.Value(name="x", type=_FLOAT, shape=ir.Shape([2, 3]))
+    make = fast_ir.new_node if build == "new_node" else fast_ir._constructed
+    add = make("", "Add", [x, x], [], 1)
+    perm = ir.Attr("perm", ir.AttributeType.INTS, [1, 0])
+    transpose = make("", "Transpose", [add.outputs[0]], [perm], 1)
+    transpose.outputs[0].name = "y"
+    graph = ir.Graph([x], [transpose.outputs[0]], nodes=[add, transpose], opset_imports={"": 18})
+    return ir.Model(graph, ir_version=9)
+
+
+def test_new_nodes_behave_as_constructed_ones() -> None:
+    ours, theirs = _graph_of("new_node"), _graph_of("constructor")
+    assert ir.to_proto(ours) == ir.to_proto(theirs)  # named alike by the graph
+    # Edits: a node reading elsewhere drops its use, a removed node leaves the graph.
+    for model in (ours, theirs):
+        add, transpose = list(model.graph)
+        transpose.replace_input_with(0, model.graph.inputs[0])
+        assert not add.outputs[0].uses()
+        model.graph.remove(add, safe=True)
+    assert ir.to_proto(ours) == ir.to_proto(theirs)
+
+
+def test_the_check_falls_back_to_the_constructor(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A direct build that differs from the constructor's (here: a named node) is not used."""
+    direct = fast_ir._direct_node
+
+    def named(*args: object) -> ir.Node:
+        node = direct(*args)  # type: ignore[arg-type]
+        node.name = "n"
+        return node
+
+    monkeypatch.setattr(fast_ir, "_direct_node", named)
+    assert fast_ir._checked_node()[0] is fast_ir._constructed
+    monkeypatch.setattr(fast_ir, "_direct_node", direct)
+    assert fast_ir._checked_node()[0] is direct

@@ -11,11 +11,12 @@ so. Should onnx_ir's ``Shape`` keep other state, the module falls back to the co
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
+from typing import Any
 
 import onnx_ir as ir
 
-__all__ = ["copy_shape", "new_shape"]
+__all__ = ["copy_shape", "new_node", "new_shape"]
 
 Dim = int | ir.SymbolicDim
 
@@ -73,3 +74,144 @@ def copy_shape(shape: ir.Shape) -> ir.Shape:
     copy = _direct(list(shape._dims))
     copy._denotations = list(shape._denotations)
     return copy
+
+
+# ------------------------------------------------------------------------------ nodes
+# ``ir.Node(...)`` normalises its domain, passes every attribute through the ``Attributes``
+# container's checked ``__setitem__`` (a Python call and a runtime ``isinstance`` each, by way
+# of ``UserDict.update``), builds each output through ``Value.__init__``'s keyword handling and
+# checks its arguments; a derivative model emits tens of thousands of nodes, whose arguments
+# the emitter has built itself (``Attr`` objects of distinct names, fresh outputs), and that
+# cost half of what building them cost. :func:`new_node` sets the very slots the constructor
+# sets; should onnx_ir's ``Node``, ``Value`` or ``Attributes`` keep other state, or set these
+# otherwise, the module falls back to the constructor (:func:`_checked_node`).
+
+
+def _direct_value(producer: ir.Node, index: int) -> ir.Value:
+    value = _new(ir.Value)
+    # The attributes Value.__init__ sets for a node's output (producer and index only).
+    value._producer = producer
+    value._index = index
+    value._metadata = None
+    value._metadata_props = None
+    value._name = None
+    value._shape = None
+    value._type = None
+    value._const_value = None
+    value._uses = {}
+    value.doc_string = None
+    value._graph = None
+    value._is_graph_input = False
+    value._is_graph_output = False
+    value._is_initializer = False
+    return value
+
+
+def _direct_node(
+    domain: str,
+    op_type: str,
+    inputs: Sequence[ir.Value | None],
+    attributes: Sequence[ir.Attr],
+    num_outputs: int,
+) -> ir.Node:
+    node = _new(ir.Node)
+    # The attributes Node.__init__ sets, given exact Attr objects and no graph.
+    node._name = None
+    node._domain = "" if domain == "ai.onnx" else domain
+    node._op_type = op_type
+    held = tuple(inputs)
+    node._inputs = held
+    node._outputs = tuple([_direct_value(node, i) for i in range(num_outputs)])
+    container: Any = _new(_ATTRIBUTES)
+    container._owner = node
+    container.data = {attr.name: attr for attr in attributes}
+    node._attributes = container
+    node._overload = ""
+    node._version = None
+    node._metadata = None
+    node._metadata_props = None
+    node.device_configurations = ()
+    node._graph = None
+    node.doc_string = None
+    usage = _USAGE
+    for i, value in enumerate(held):
+        if value is not None:
+            value._uses[usage(node, i)] = None
+    return node
+
+
+def _constructed(
+    domain: str,
+    op_type: str,
+    inputs: Sequence[ir.Value | None],
+    attributes: Sequence[ir.Attr],
+    num_outputs: int,
+) -> ir.Node:
+    return ir.Node(domain, op_type, inputs, attributes=attributes, num_outputs=num_outputs)
+
+
+def _node_state(node: ir.Node) -> tuple[object, ...]:
+    """Everything a node holds, its outputs' and attribute container's state included."""
+    slots = {name: getattr(node, name) for name in ir.Node.__slots__}
+    outputs = slots.pop("_outputs")
+    container = slots.pop("_attributes")
+    values = [
+        tuple(
+            (name, getattr(v, name) if name != "_producer" else getattr(v, name) is node)
+            for name in ir.Value.__slots__
+        )
+        for v in outputs
+    ]
+    held = (type(container), container.__dict__.get("_owner") is node, dict(container.data))
+    extra = {k: v for k, v in container.__dict__.items() if k not in ("_owner", "data")}
+    return (slots, getattr(node, "__dict__", None), values, held, extra)
+
+
+def _checked_node() -> tuple[Callable[..., ir.Node], type, type]:
+    """:func:`_direct_node` with the classes it needs, if it builds what the constructor builds.
+
+    Else the constructor (and placeholders for the classes).
+    """
+    global _USAGE, _ATTRIBUTES
+    try:
+        a, b = ir.Value(name="a"), ir.Value(name="b")
+        attr = ir.Attr("axis", ir.AttributeType.INT, 1)
+        built = _constructed("ai.onnx", "Split", [a, None, b], [attr], 2)
+        # The classes the constructor uses for uses and attributes, read off its result.
+        _USAGE, _ATTRIBUTES = type(next(iter(a._uses))), type(built.attributes)
+        direct = _direct_node("ai.onnx", "Split", [a, None, b], [attr], 2)
+        same = _node_state(built) == _node_state(direct)
+        uses = [(u.node is direct, u.idx) for u in (*a._uses, *b._uses)]
+        same = same and uses == [(False, 0), (True, 0), (False, 2), (True, 2)]
+    except Exception:  # a Node of another layout: the constructor is always right
+        same = False
+    if not same:
+        return _constructed, object, object
+    return _direct_node, _USAGE, _ATTRIBUTES
+
+
+_USAGE: type = object
+_ATTRIBUTES: type = object
+_BUILD_NODE, _USAGE, _ATTRIBUTES = _checked_node()
+
+
+def new_node(
+    domain: str,
+    op_type: str,
+    inputs: Sequence[ir.Value | None],
+    attributes: Sequence[ir.Attr],
+    num_outputs: int,
+) -> ir.Node:
+    """``ir.Node(domain, op_type, inputs, attributes=attributes, num_outputs=num_outputs)``.
+
+    Args:
+        domain: The operator's domain (``"ai.onnx"`` is normalised to ``""``, as there).
+        op_type: The operator.
+        inputs: The inputs (None for an omitted one); the node becomes a use of each.
+        attributes: ``ir.Attr`` objects of distinct names (of equal names the last is kept).
+        num_outputs: How many fresh outputs the node gets.
+
+    Returns:
+        A new node in no graph, unnamed, of the default overload and version.
+    """
+    return _BUILD_NODE(domain, op_type, inputs, attributes, num_outputs)
