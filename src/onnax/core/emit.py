@@ -110,8 +110,11 @@ class Emitter:
         attrs = [_attr(k, v) for k, v in (attributes or {}).items() if v is not None]
         # The constructor's node, built without its checks (the arguments are made here).
         node = new_node(domain, op_type, inputs, attrs, num_outputs)
-        if any(v is not None and v in self.linear for v in inputs):
-            self.linear.update(node.outputs)
+        linear = self.linear
+        for v in inputs:  # a loop: no generator per emitted node
+            if v is not None and v in linear:
+                linear.update(node.outputs)
+                break
         self.nodes.append(node)
         return tuple(node.outputs)
 

@@ -350,7 +350,7 @@ def _remove_dead_nodes(graph: ir.Graph, kept: list[ir.Node] | None = None) -> No
     outputs = frozenset(graph.outputs)
     dead = []
     for node in reversed(list(graph)):
-        if any(out in outputs or out.uses() for out in node.outputs):
+        if _used(node, outputs):
             if kept is not None:
                 kept.append(node)
             for body in graph_attributes(node):
@@ -364,6 +364,14 @@ def _remove_dead_nodes(graph: ir.Graph, kept: list[ir.Node] | None = None) -> No
             node.replace_input_with(i, None)
         dead.append(node)
     remove_unused(graph, dead)
+
+
+def _used(node: ir.Node, outputs: frozenset[ir.Value]) -> bool:
+    """Whether an output of ``node`` is a graph output or has a use (a loop: no generator)."""
+    for out in node.outputs:  # noqa: SIM110
+        if out in outputs or out.uses():
+            return True
+    return False
 
 
 def _fix_outputs(model: ir.Model) -> bool:

@@ -18,6 +18,7 @@ from collections.abc import Sequence
 import onnx_ir as ir
 
 from onnax.core.diagnostics import check_active_node, missing_rule
+from onnax.core.fast_ir import copy_shape
 from onnax.core.registry import jvp_rules
 from onnax.core.selection import is_float
 from onnax.core.subgraphs import BodyHooks, ScopedEmitter, name_values, subgraph_reads
@@ -205,7 +206,7 @@ def linearize_graph(
                 # that inference would otherwise invent for broadcasts, so transposes can find a
                 # shape witness later.
                 if out.shape is not None and not t_out.is_graph_input():
-                    t_out.shape = out.shape.copy()
+                    t_out.shape = copy_shape(out.shape)  # out.shape.copy(), unconverted
                 if t_out.type is None and out.type is not None:
                     t_out.type = out.type
                 tangent[out] = t_out
