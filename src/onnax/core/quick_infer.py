@@ -167,8 +167,22 @@ def settle(model: ir.Model, skipped: Collection[ir.Node]) -> list[ir.Node]:
 
 def _fill(node: ir.Node, result: Result) -> bool:
     """Gives the node's outputs the result, or returns False leaving them as they are."""
-    if len(result) != len(node.outputs):
+    outputs = node.outputs
+    if len(result) != len(outputs):
         return False
+    if len(outputs) == 1:
+        # Most nodes have one output: no list of fills, no zips (every inference fills
+        # every node it settles).
+        out = outputs[0]
+        dtype, shape = result[0]
+        merged = None if shape is None else _merged(out, dtype, shape)
+        if merged is None:
+            return False
+        if out.shape is not merged:
+            out.shape = merged
+        if dtype is not None and out.type is None:
+            out.dtype = dtype
+        return True
     fills = []
     for out, (dtype, shape) in zip(node.outputs, result, strict=True):
         merged = None if shape is None else _merged(out, dtype, shape)

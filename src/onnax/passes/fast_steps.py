@@ -55,6 +55,11 @@ def _schema_outputs(op_type: str, opset: int, domain: str) -> _Outputs | None:
     return _Outputs(tuple(optional), "training_mode" in schema.attributes)
 
 
+_OPTIONAL_OUTPUTS: dict[tuple[str, int, str], bool] = {}
+"""Per operator, opset and domain met, whether :func:`_schema_outputs` found optional outputs
+(a plain dict: the cached function hashes its three arguments at every call)."""
+
+
 def _remove_unused_optional_outputs(
     node: ir.Node, graph_outputs: frozenset[ir.Value], opset: int
 ) -> None:
@@ -62,6 +67,7 @@ def _remove_unused_optional_outputs(
     if node.domain not in {"", "onnx.ai"}:
         return
     info = _schema_outputs(node.op_type, opset, node.domain)
+    _OPTIONAL_OUTPUTS[(node.op_type, opset, node.domain)] = info is not None
     if info is None:
         return
     if node.op_type == "BatchNormalization":
@@ -104,8 +110,12 @@ def trim(node: ir.Node, graph_outputs: frozenset[ir.Value], opset: int | None) -
     Its trailing empty inputs go, and (given the opset of its schema) its trailing optional
     outputs that nothing reads.
     """
-    _remove_trailing_empty_inputs(node)
-    if opset is not None:
+    # Asked of every node the cleanup keeps (twice per transform): the common case, no
+    # trailing empty input and no schema with optional outputs, costs two look-ups.
+    inputs = node._inputs
+    if inputs and inputs[-1] is None:
+        _remove_trailing_empty_inputs(node)
+    if opset is not None and _OPTIONAL_OUTPUTS.get((node.op_type, opset, node.domain), True):
         _remove_unused_optional_outputs(node, graph_outputs, opset)
 
 
