@@ -118,3 +118,24 @@ def test_the_check_falls_back_to_the_constructor(monkeypatch: pytest.MonkeyPatch
     assert fast_ir._checked_node()[0] is fast_ir._constructed
     monkeypatch.setattr(fast_ir, "_direct_node", direct)
     assert fast_ir._checked_node()[0] is direct
+
+
+def test_new_node_with_a_copys_arguments_has_the_constructors_state() -> None:
+    x = ir.Value(name="x")
+    args = {"name": "n", "overload": "o", "version": 3, "doc_string": "d"}
+    attrs = _attrs()
+
+    def outputs() -> list[ir.Value]:
+        return [ir.Value(name=f"y{i}", type=_FLOAT, shape=ir.Shape([2])) for i in range(2)]
+
+    theirs = fast_ir._constructed(
+        "", "Split", [x], attrs, 2, outputs=outputs(), metadata_props={"k": "v"}, **args
+    )
+    mine = fast_ir.new_node(
+        "", "Split", [x], attrs, 2, outputs=outputs(), metadata_props={"k": "v"}, **args
+    )
+    assert fast_ir._node_state(mine) == fast_ir._node_state(theirs)
+    assert [(v.name, v.producer() is mine, v.index()) for v in mine.outputs] == [
+        ("y0", True, 0),
+        ("y1", True, 1),
+    ]

@@ -113,26 +113,38 @@ def _direct_node(
     inputs: Sequence[ir.Value | None],
     attributes: Sequence[ir.Attr],
     num_outputs: int,
+    outputs: Sequence[ir.Value] | None = None,
+    name: str | None = None,
+    overload: str = "",
+    version: int | None = None,
+    doc_string: str | None = None,
+    metadata_props: dict[str, str] | None = None,
 ) -> ir.Node:
     node = _new(ir.Node)
     # The attributes Node.__init__ sets, given exact Attr objects and no graph.
-    node._name = None
+    node._name = name
     node._domain = "" if domain == "ai.onnx" else domain
     node._op_type = op_type
     held = tuple(inputs)
     node._inputs = held
-    node._outputs = tuple([_direct_value(node, i) for i in range(num_outputs)])
+    if outputs is None:
+        node._outputs = tuple([_direct_value(node, i) for i in range(num_outputs)])
+    else:
+        for i, out in enumerate(outputs):
+            out._producer = node
+            out._index = i
+        node._outputs = tuple(outputs)
     container: Any = _new(_ATTRIBUTES)
     container._owner = node
     container.data = {attr.name: attr for attr in attributes}
     node._attributes = container
-    node._overload = ""
-    node._version = None
+    node._overload = overload
+    node._version = version
     node._metadata = None
-    node._metadata_props = None
+    node._metadata_props = metadata_props
     node.device_configurations = ()
     node._graph = None
-    node.doc_string = None
+    node.doc_string = doc_string
     usage = _USAGE
     for i, value in enumerate(held):
         if value is not None:
@@ -146,8 +158,26 @@ def _constructed(
     inputs: Sequence[ir.Value | None],
     attributes: Sequence[ir.Attr],
     num_outputs: int,
+    outputs: Sequence[ir.Value] | None = None,
+    name: str | None = None,
+    overload: str = "",
+    version: int | None = None,
+    doc_string: str | None = None,
+    metadata_props: dict[str, str] | None = None,
 ) -> ir.Node:
-    return ir.Node(domain, op_type, inputs, attributes=attributes, num_outputs=num_outputs)
+    return ir.Node(
+        domain,
+        op_type,
+        inputs,
+        attributes=attributes,
+        num_outputs=None if outputs is not None else num_outputs,
+        outputs=outputs,
+        name=name,
+        overload=overload,
+        version=version,
+        doc_string=doc_string,
+        metadata_props=metadata_props,
+    )
 
 
 def _node_state(node: ir.Node) -> tuple[object, ...]:
@@ -183,6 +213,19 @@ def _checked_node() -> tuple[Callable[..., ir.Node], type, type]:
         same = _node_state(built) == _node_state(direct)
         uses = [(u.node is direct, u.idx) for u in (*a._uses, *b._uses)]
         same = same and uses == [(False, 0), (True, 0), (False, 2), (True, 2)]
+        # With the arguments of a copy: its own outputs, a name, an overload and the rest.
+        copied = {
+            "name": "n",
+            "overload": "o",
+            "version": 3,
+            "doc_string": "d",
+            "metadata_props": {"k": "v"},
+        }
+        outs = [ir.Value(name="y", type=ir.TensorType(ir.DataType.FLOAT)) for _ in range(2)]
+        built = _constructed("", "Split", [a], [attr], 2, outputs=outs, **copied)  # type: ignore[arg-type]
+        outs = [ir.Value(name="y", type=ir.TensorType(ir.DataType.FLOAT)) for _ in range(2)]
+        direct = _direct_node("", "Split", [a], [attr], 2, outputs=outs, **copied)  # type: ignore[arg-type]
+        same = same and _node_state(built) == _node_state(direct)
     except Exception:  # a Node of another layout: the constructor is always right
         same = False
     if not same:
@@ -201,6 +244,13 @@ def new_node(
     inputs: Sequence[ir.Value | None],
     attributes: Sequence[ir.Attr],
     num_outputs: int,
+    *,
+    outputs: Sequence[ir.Value] | None = None,
+    name: str | None = None,
+    overload: str = "",
+    version: int | None = None,
+    doc_string: str | None = None,
+    metadata_props: dict[str, str] | None = None,
 ) -> ir.Node:
     """``ir.Node(domain, op_type, inputs, attributes=attributes, num_outputs=num_outputs)``.
 
@@ -209,9 +259,27 @@ def new_node(
         op_type: The operator.
         inputs: The inputs (None for an omitted one); the node becomes a use of each.
         attributes: ``ir.Attr`` objects of distinct names (of equal names the last is kept).
-        num_outputs: How many fresh outputs the node gets.
+        num_outputs: How many fresh outputs the node gets, when ``outputs`` is None.
+        outputs: Values without a producer that become the node's outputs, in order.
+        name: The node's name.
+        overload: The function overload it calls.
+        version: The opset version of its operator.
+        doc_string: Its documentation string.
+        metadata_props: Its metadata properties (the dict itself is held).
 
     Returns:
-        A new node in no graph, unnamed, of the default overload and version.
+        A new node in no graph.
     """
-    return _BUILD_NODE(domain, op_type, inputs, attributes, num_outputs)
+    return _BUILD_NODE(
+        domain,
+        op_type,
+        inputs,
+        attributes,
+        num_outputs,
+        outputs,
+        name,
+        overload,
+        version,
+        doc_string,
+        metadata_props,
+    )
