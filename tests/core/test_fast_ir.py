@@ -139,3 +139,32 @@ def test_new_node_with_a_copys_arguments_has_the_constructors_state() -> None:
         ("y0", True, 0),
         ("y1", True, 1),
     ]
+
+
+# ------------------------------------------------------------------------- detaching
+def test_detaches_directly() -> None:
+    assert fast_ir._DETACH is fast_ir._detach_direct
+
+
+@pytest.mark.parametrize("inputs", [[], [None], ["a"], ["a", None, "b", "a"], ["b", "b"]])
+def test_detach_inputs_leaves_what_the_calls_leave(inputs: list[str | None]) -> None:
+    states = []
+    for detach in (fast_ir._detach_by_calls, fast_ir.detach_inputs):
+        values = {"a": ir.Value(name="a"), "b": ir.Value(name="b")}
+        keep = ir.Node("", "Add", [values["a"], values["b"]])
+        node = ir.Node("", "Sum", [None if n is None else values[n] for n in inputs])
+        detach(node)
+        uses = {k: [(u.node is keep, u.idx) for u in v.uses()] for k, v in values.items()}
+        states.append((node.inputs, uses))
+    assert states[0] == states[1]
+    assert states[1][0] == (None,) * len(inputs)
+    assert states[1][1] == {"a": [(True, 0)], "b": [(True, 1)]}  # only the other node's
+
+
+def test_the_detach_check_falls_back_to_the_calls(monkeypatch: pytest.MonkeyPatch) -> None:
+    def partial(node: ir.Node) -> None:  # leaves the last input attached
+        for i in range(len(node.inputs) - 1):
+            node.replace_input_with(i, None)
+
+    monkeypatch.setattr(fast_ir, "_detach_direct", partial)
+    assert fast_ir._checked_detach() is fast_ir._detach_by_calls

@@ -16,7 +16,7 @@ from typing import Any
 
 import onnx_ir as ir
 
-__all__ = ["copy_shape", "new_node", "new_shape"]
+__all__ = ["copy_shape", "detach_inputs", "new_node", "new_shape"]
 
 Dim = int | ir.SymbolicDim
 
@@ -283,3 +283,63 @@ def new_node(
         doc_string,
         metadata_props,
     )
+
+
+# ------------------------------------------------------------------------- detaching
+# Removing a node starts by making it read nothing, ``replace_input_with(i, None)`` for each
+# input: each call rebuilds the input tuple through a generator and checks the index, and the
+# cleanup and the reverse sweep detach tens of thousands of nodes. :func:`detach_inputs` ends
+# in the very same state; should onnx_ir's nodes keep their inputs otherwise, it makes the
+# calls (:func:`_checked_detach`).
+
+
+def _detach_by_calls(node: ir.Node) -> None:
+    for i in range(len(node.inputs)):
+        node.replace_input_with(i, None)
+
+
+def _detach_direct(node: ir.Node) -> None:
+    if node.device_configurations:
+        _detach_by_calls(node)  # sharding specs of the inputs go too: the method's own way
+        return
+    held = node._inputs
+    if not held:
+        return
+    node._inputs = (None,) * len(held)
+    for i, value in enumerate(held):
+        if value is not None:
+            value._remove_usage(node, i)
+
+
+def _checked_detach() -> Callable[[ir.Node], None]:
+    """:func:`_detach_direct` if it leaves what the calls leave, else the calls."""
+
+    def state(node: ir.Node, values: list[ir.Value]) -> tuple[object, ...]:
+        return (node.inputs, [[(u.node is node, u.idx) for u in v.uses()] for v in values])
+
+    try:
+        a, b = ir.Value(name="a"), ir.Value(name="b")
+        results = []
+        for detach in (_detach_by_calls, _detach_direct):
+            other = ir.Node("", "Add", [a, b])
+            node = ir.Node("", "Sum", [a, None, b, a])
+            detach(node)
+            results.append(state(node, [a, b]))
+            detach(other)
+        same = results[0] == results[1] and results[0][0] == (None,) * 4
+    except Exception:  # a Node of another layout: the calls are always right
+        same = False
+    return _detach_direct if same else _detach_by_calls
+
+
+_DETACH = _checked_detach()
+
+
+def detach_inputs(node: ir.Node) -> None:
+    """``node.replace_input_with(i, None)`` for every input ``i``: it reads nothing after.
+
+    Args:
+        node: The node; its inputs become None (as many as it had), and it stops being a use
+            of the values it read.
+    """
+    _DETACH(node)

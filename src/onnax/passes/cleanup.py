@@ -28,7 +28,7 @@ import onnx_ir.passes.common as common
 from onnx_shape_inference import OpUsageError, ShapeInferenceError
 
 from onnax.core.batching import detach
-from onnax.core.fast_ir import new_shape
+from onnax.core.fast_ir import detach_inputs, new_shape
 from onnax.core.inference import RANK_GUESSED, infer_shapes
 from onnax.core.name_fix import fix_names_flat
 from onnax.core.subgraphs import graph_attributes
@@ -360,8 +360,7 @@ def _remove_dead_nodes(graph: ir.Graph, kept: list[ir.Node] | None = None) -> No
             detach(body)
         # Its producers must see it gone at once (they come next); removal waits, as one
         # call per node would cost the graph's outputs each time.
-        for i in range(len(node.inputs)):
-            node.replace_input_with(i, None)
+        detach_inputs(node)
         dead.append(node)
     remove_unused(graph, dead)
 

@@ -15,6 +15,8 @@ import operator
 
 import onnx_ir as ir
 
+from onnax.core.fast_ir import detach_inputs
+
 __all__ = ["eliminate", "eliminate_common_subexpressions"]
 
 _NON_DETERMINISTIC = frozenset(
@@ -161,6 +163,5 @@ def _replace(graph: ir.Graph, node: ir.Node, kept: ir.Node) -> bool:
                 graph.outputs[i] = new
     ir.convenience.replace_all_uses_with(olds, news)
     # What graph.remove(node, safe=True) did at once: the node stops reading its inputs.
-    for i in range(len(node.inputs)):
-        node.replace_input_with(i, None)
+    detach_inputs(node)
     return not added

@@ -18,6 +18,7 @@ import onnx_ir as ir
 import onnx_ir.passes as passes
 
 from onnax.core import traverse
+from onnax.core.fast_ir import detach_inputs
 
 __all__ = ["RemoveUnusedNodes", "SortGraph", "remove_unused_initializers", "trim"]
 
@@ -151,8 +152,7 @@ def _remove_unused_nodes(
             # What graph.remove(node, safe=True) does first, so that its producers (visited
             # next) see it gone; the removal itself waits for one call, as each call makes a
             # set of the graph's outputs.
-            for i in range(len(node.inputs)):
-                node.replace_input_with(i, None)
+            detach_inputs(node)
             dead.append(node)
             continue
         trim(node, graph_outputs, opset)

@@ -20,6 +20,7 @@ from collections.abc import Sequence
 import onnx_ir as ir
 
 from onnax.core.emit import InternalRuleError
+from onnax.core.fast_ir import detach_inputs
 from onnax.core.inference import infer_shapes
 from onnax.core.registry import transpose_rules
 from onnax.core.shapes import ShapeOracle, dims_key, expand_input
@@ -180,8 +181,7 @@ def _full_size(ct: ir.Value, value: ir.Value) -> bool:
 
 def _remove_linear(graph: ir.Graph, lin: Linearization) -> None:
     for node in lin.linear_nodes:
-        for i in range(len(node.inputs)):
-            node.replace_input_with(i, None)
+        detach_inputs(node)
         # Bodies first: node.meta makes a store for each of the many linear nodes it is read on.
         held = graph_attributes(node) if node.attributes.data else []
         if held and not node.meta.get(TAKEN):
