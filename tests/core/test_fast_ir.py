@@ -168,3 +168,41 @@ def test_the_detach_check_falls_back_to_the_calls(monkeypatch: pytest.MonkeyPatc
 
     monkeypatch.setattr(fast_ir, "_detach_direct", partial)
     assert fast_ir._checked_detach() is fast_ir._detach_by_calls
+
+
+def _chain() -> tuple[ir.Graph, list[ir.Node]]:
+    """x -> a = Neg(x) -> b = Abs(a) -> y = Relu(x): a and b are dead."""
+    x = ir.Value(name="x", type=_FLOAT, shape=ir.Shape([2]))
+    a = ir.node("Neg", [x])
+    b = ir.node("Abs", [a.outputs[0]])
+    y = ir.node("Relu", [x])
+    y.outputs[0].name = "y"
+    graph = ir.Graph([x], [y.outputs[0]], nodes=[a, b, y], opset_imports={"": 18})
+    return graph, [a, b, y]
+
+
+@pytest.mark.parametrize("detached", [True, False])
+def test_remove_detached_is_the_safe_removal(detached: bool) -> None:
+    ours, (a, b, _) = _chain()
+    theirs, (a2, b2, _) = _chain()
+    if detached:
+        for node in (a, b):
+            fast_ir.detach_inputs(node)
+    fast_ir.remove_detached(ours, [b, a])
+    theirs.remove([b2, a2], safe=True)
+    assert [n.op_type for n in ours] == [n.op_type for n in theirs] == ["Relu"]
+    assert [len(v.uses()) for v in ours.inputs] == [len(v.uses()) for v in theirs.inputs] == [1]
+    assert a.graph is None and b.graph is None and a.inputs == (None,)
+
+
+@pytest.mark.parametrize("case", ["still_read", "graph_output", "foreign"])
+def test_remove_detached_refuses_what_the_safe_removal_refuses(case: str) -> None:
+    graph, (a, b, y) = _chain()
+    other, _ = _chain()
+    nodes = {"still_read": [a], "graph_output": [y], "foreign": [next(iter(other))]}[case]
+    with pytest.raises(ValueError):
+        fast_ir.remove_detached(graph, nodes)
+    with pytest.raises(ValueError):
+        graph.remove(nodes, safe=True)
+    assert [n.op_type for n in graph] == ["Neg", "Abs", "Relu"]  # left as it was
+    assert b.inputs == (a.outputs[0],)

@@ -15,7 +15,7 @@ import operator
 
 import onnx_ir as ir
 
-from onnax.core.fast_ir import detach_inputs
+from onnax.core.fast_ir import detach_inputs, remove_detached
 
 __all__ = ["eliminate", "eliminate_common_subexpressions"]
 
@@ -128,7 +128,7 @@ def eliminate(graph: ir.Graph, size_limit: int = SIZE_LIMIT) -> tuple[bool, bool
         settled = _replace(graph, node, kept) and settled
         duplicates.append(node)
     if duplicates:
-        graph.remove(duplicates, safe=True)
+        remove_detached(graph, duplicates)  # remove(safe=True): _replace detached them
     return bool(duplicates), settled
 
 

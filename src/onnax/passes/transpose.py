@@ -20,7 +20,7 @@ from collections.abc import Sequence
 import onnx_ir as ir
 
 from onnax.core.emit import InternalRuleError
-from onnax.core.fast_ir import detach_inputs
+from onnax.core.fast_ir import detach_inputs, remove_detached
 from onnax.core.inference import infer_shapes
 from onnax.core.registry import transpose_rules
 from onnax.core.shapes import ShapeOracle, dims_key, expand_input
@@ -192,6 +192,6 @@ def _remove_linear(graph: ir.Graph, lin: Linearization) -> None:
     for v in linear_outputs:
         # Only a body can output linear values (its tangents); its rule sets new outputs.
         graph.outputs.remove(v)
-    graph.remove(lin.linear_nodes, safe=True)
+    remove_detached(graph, lin.linear_nodes)  # remove(safe=True) of nodes detached above
     for t in [v for v in graph.inputs if v in lin.linear]:
         graph.inputs.remove(t)
