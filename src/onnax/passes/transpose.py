@@ -142,8 +142,8 @@ def transpose_graph(
             accumulate(t, seed)
     for node in reversed(lin.linear_nodes):
         cts_out = [cotangent.pop(o, None) for o in node.outputs]
-        if all(c is None for c in cts_out):
-            continue
+        if cts_out.count(None) == len(cts_out):
+            continue  # no cotangent reaches the node (counted in C)
         rule = transpose_rules.lookup(node.domain, node.op_type, lin.opset)
         if rule is None:
             raise InternalRuleError(
