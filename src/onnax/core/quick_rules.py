@@ -178,9 +178,10 @@ def _broadcast_dim(d1: Dim, d2: Dim) -> Dim:
 def _broadcast(a: ir.Shape, b: ir.Shape) -> ir.Shape:
     da, db = a.dims, b.dims
     if da == db:  # tuples, compared element by element (mostly by identity)
-        if all(isinstance(d, int) or d.value is not None for d in da):
-            return new_shape(list(da))
-        raise Unsure
+        for d in da:  # a loop: most nodes settled are elementwise
+            if not isinstance(d, int) and d.value is None:
+                raise Unsure
+        return new_shape(list(da))
     rank = max(len(da), len(db))
     pa = (1,) * (rank - len(da)) + da
     pb = (1,) * (rank - len(db)) + db
