@@ -123,7 +123,8 @@ def _ints(value: ir.Value | None) -> list[int]:
     tensor = value.const_value
     if tensor is None or value.dtype not in _TRACKED or len(tensor.shape) > 1:
         raise Unsure
-    return [int(x) for x in np.asarray(tensor.numpy()).reshape(-1)]
+    # tolist() gives Python ints for the integer types tracked, as int() of each element.
+    return np.asarray(tensor.numpy()).reshape(-1).tolist()
 
 
 def same_dim(a: Dim, b: Dim) -> bool:
