@@ -104,7 +104,7 @@ def subgraphs(graph: ir.Graph) -> list[ir.Graph]:
         # A transform walks its model's graphs a few dozen times: a node without attributes
         # (most of a derivative graph) costs one truth test, not a call of bodies().
         for node in g:
-            if not node.attributes.data:
+            if not node._attributes.data:  # the slot: a property call per node cost more
                 continue
             for body in bodies(node):
                 if body is not graph and body not in found:

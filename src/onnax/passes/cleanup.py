@@ -231,7 +231,7 @@ def _trim(kept: list[ir.Node], outputs: frozenset[ir.Value], opset: int | None) 
     """
     for node in kept:
         trim(node, outputs, opset)
-        for body in graph_attributes(node):
+        for body in graph_attributes(node) if node.attributes.data else ():
             _trim(list(reversed(body)), frozenset(body.outputs), opset)
 
 
@@ -350,13 +350,15 @@ def _remove_dead_nodes(graph: ir.Graph, kept: list[ir.Node] | None = None) -> No
     outputs = frozenset(graph.outputs)
     dead = []
     for node in reversed(list(graph)):
+        # graph_attributes only for a node with attributes: a truth test for most nodes.
+        held = graph_attributes(node) if node.attributes.data else ()
         if _used(node, outputs):
             if kept is not None:
                 kept.append(node)
-            for body in graph_attributes(node):
+            for body in held:
                 _remove_dead_nodes(body)
             continue
-        for body in graph_attributes(node):
+        for body in held:
             detach(body)
         # Its producers must see it gone at once (they come next); removal waits, as one
         # call per node would cost the graph's outputs each time.
