@@ -83,21 +83,21 @@ def _sound_everywhere(shapes: list[ir.Shape]) -> bool:
     forget. Most broadcasting nodes of a derivative model combine values of one shape, or a
     value with a scalar or a bias, and the axis by axis look cost a third of this module's time.
     """
-    full = shapes[0]  # the first of the largest rank, as max() picks it
+    # Every inference asks every broadcasting node: the dimension lists are read as the
+    # shapes hold them (``dims`` copies each into a tuple) and looked at in loops.
+    full = shapes[0]._dims  # the first of the largest rank, as max() picks it
     for shape in shapes:
-        if len(shape.dims) > len(full.dims):
-            full = shape
-    dims = full.dims
-    if not all(isinstance(d, int) or d.value is not None for d in dims):
-        return False
-    rank = len(dims)
+        if len(shape._dims) > len(full):
+            full = shape._dims
+    for d in full:
+        if not isinstance(d, int) and d.value is None:
+            return False
+    rank = len(full)
     for shape in shapes:
-        if shape is full:
+        own = shape._dims
+        if own is full or own == full:  # elements compared by identity first
             continue
-        own = shape.dims
-        if own == dims:  # tuples: elements compared by identity first
-            continue
-        for d, f in zip(own, dims[rank - len(own) :], strict=True):
+        for d, f in zip(own, full[rank - len(own) :], strict=True):
             # Exact types: comparing a SymbolicDim runs runtime protocol checks.
             if d is f or (type(d) is int and (d == 1 or (type(f) is int and d == f))):
                 continue

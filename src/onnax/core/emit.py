@@ -19,6 +19,7 @@ import numpy as np
 import onnx_ir as ir
 from onnx_ir.convenience import convert_attribute
 
+from onnax.core.fast_ir import new_node
 from onnax.core.static import array_tensor
 
 __all__ = ["Emitter", "InternalRuleError"]
@@ -107,9 +108,13 @@ class Emitter:
     ) -> tuple[ir.Value, ...]:
         """Emits one node and returns all of its outputs."""
         attrs = [_attr(k, v) for k, v in (attributes or {}).items() if v is not None]
-        node = ir.Node(domain, op_type, inputs, attributes=attrs, num_outputs=num_outputs)
-        if any(v is not None and v in self.linear for v in inputs):
-            self.linear.update(node.outputs)
+        # The constructor's node, built without its checks (the arguments are made here).
+        node = new_node(domain, op_type, inputs, attrs, num_outputs)
+        linear = self.linear
+        for v in inputs:  # a loop: no generator per emitted node
+            if v is not None and v in linear:
+                linear.update(node.outputs)
+                break
         self.nodes.append(node)
         return tuple(node.outputs)
 

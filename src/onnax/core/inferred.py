@@ -141,11 +141,12 @@ def _fully_known(value: ir.Value) -> bool:
     ``forget_guessed_broadcasts`` made a dimension unknown); a graph output has a declared
     shape that inference may refine.
     """
-    shape = value.shape
-    if value.type is None or shape is None or value.is_graph_output():
+    # The slots, as the properties return them: every record and check asks every output.
+    shape = value._shape
+    if value._type is None or shape is None or value._is_graph_output:
         return False
     # A loop, not all() over a generator: every node's outputs are asked, at every record.
-    for d in shape.dims:  # noqa: SIM110
+    for d in shape._dims:  # noqa: SIM110
         if not isinstance(d, int) and d.value is None:
             return False
     return True
@@ -158,14 +159,15 @@ def _state(value: ir.Value) -> tuple[Any, ...]:
     same object; a dead one equals none but itself, so a value or tensor replaced since
     (and freed, its address maybe reused) does not pass for the one recorded.
     """
-    shape = value.shape
-    tensor = value.const_value
-    kind = value.type
+    # The slots, as the properties return them (a property call each cost more than the rest).
+    shape = value._shape
+    tensor = value._const_value
+    kind = value._type
     return (
         weakref.ref(value),
         type(kind),
         None if kind is None else kind.dtype,  # value.dtype
-        None if shape is None else shape.dims,  # a tuple, taken afresh
+        None if shape is None else tuple(shape._dims),  # shape.dims: a tuple, taken afresh
         None if tensor is None else _weak(tensor),
     )
 

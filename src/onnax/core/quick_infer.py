@@ -37,7 +37,8 @@ from __future__ import annotations
 
 import json
 import math
-from collections.abc import Collection, Sequence
+from collections.abc import Callable, Collection, Sequence
+from typing import Any
 
 import onnx_ir as ir
 import onnx_shape_inference as osi
@@ -132,15 +133,22 @@ def settle(model: ir.Model, skipped: Collection[ir.Node]) -> list[ir.Node]:
             final.add(value)
     settled: list[ir.Node] = []
     shapes: list[ir.Node] = []
+    # handler() per operator once: every node of the model is asked for its rule.
+    rules: dict[str, Callable[[ir.Node, Known], Result] | None] = {}
     for node in graph:
         if node in skipped:
             final.update(node.outputs)
             continue
         # Only the domain spelt "": the engine relates the element counts of those Reshapes.
-        rule = handler(node.op_type, opset) if node.domain == "" else None
+        if node.domain != "":
+            continue
+        op_type = node.op_type
+        rule = rules.get(op_type, _UNKNOWN)
+        if rule is _UNKNOWN:
+            rule = rules[op_type] = handler(op_type, opset)
         if rule is None:
             continue
-        if node.op_type == "Shape":
+        if op_type == "Shape":
             contents = shape_contents(node, known)
             if contents is not None:
                 known.contents[node.outputs[0]] = contents
@@ -152,7 +160,7 @@ def settle(model: ir.Model, skipped: Collection[ir.Node]) -> list[ir.Node]:
             continue
         if _fill(node, result):
             final.update(node.outputs)
-            if node.op_type != "Reshape" or _counted(node):
+            if op_type != "Reshape" or _counted(node):
                 settled.append(node)
             # else inferred again, which changes nothing but records the counts' equality
     done = set(settled)
@@ -165,10 +173,28 @@ def settle(model: ir.Model, skipped: Collection[ir.Node]) -> list[ir.Node]:
     return settled
 
 
+_UNKNOWN: Any = object()
+"""No handler asked for yet (a handler may be None)."""
+
+
 def _fill(node: ir.Node, result: Result) -> bool:
     """Gives the node's outputs the result, or returns False leaving them as they are."""
-    if len(result) != len(node.outputs):
+    outputs = node.outputs
+    if len(result) != len(outputs):
         return False
+    if len(outputs) == 1:
+        # Most nodes have one output: no list of fills, no zips (every inference fills
+        # every node it settles).
+        out = outputs[0]
+        dtype, shape = result[0]
+        merged = None if shape is None else _merged(out, dtype, shape)
+        if merged is None:
+            return False
+        if out.shape is not merged:
+            out.shape = merged
+        if dtype is not None and out.type is None:
+            out.dtype = dtype
+        return True
     fills = []
     for out, (dtype, shape) in zip(node.outputs, result, strict=True):
         merged = None if shape is None else _merged(out, dtype, shape)
@@ -195,8 +221,9 @@ def engine_idle(model: ir.Model, passed_over: Collection[ir.Node]) -> bool:
     graph = model.graph
     if len(passed_over) < len(graph) or subgraphs(graph):
         return False
-    if not all(node in passed_over for node in graph):
-        return False
+    for node in graph:  # a loop: no generator step per node
+        if node not in passed_over:
+            return False
     for value in graph.inputs:
         if value.shape is not None and not _fully_known(value.shape):
             return False

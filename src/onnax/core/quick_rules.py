@@ -123,7 +123,8 @@ def _ints(value: ir.Value | None) -> list[int]:
     tensor = value.const_value
     if tensor is None or value.dtype not in _TRACKED or len(tensor.shape) > 1:
         raise Unsure
-    return [int(x) for x in np.asarray(tensor.numpy()).reshape(-1)]
+    # tolist() gives Python ints for the integer types tracked, as int() of each element.
+    return np.asarray(tensor.numpy()).reshape(-1).tolist()
 
 
 def same_dim(a: Dim, b: Dim) -> bool:
@@ -178,9 +179,10 @@ def _broadcast_dim(d1: Dim, d2: Dim) -> Dim:
 def _broadcast(a: ir.Shape, b: ir.Shape) -> ir.Shape:
     da, db = a.dims, b.dims
     if da == db:  # tuples, compared element by element (mostly by identity)
-        if all(isinstance(d, int) or d.value is not None for d in da):
-            return new_shape(list(da))
-        raise Unsure
+        for d in da:  # a loop: most nodes settled are elementwise
+            if not isinstance(d, int) and d.value is None:
+                raise Unsure
+        return new_shape(list(da))
     rank = max(len(da), len(db))
     pa = (1,) * (rank - len(da)) + da
     pb = (1,) * (rank - len(db)) + db
@@ -279,7 +281,7 @@ def _reshape(node: ir.Node, known: Known) -> Result:
         if len(numbers) < x.shape.rank():
             raise Unsure  # a symbolic quotient
         dims[inferred] = _product(numbers) // _product(others)  # type: ignore[operator]
-    return [(x.dtype, ir.Shape(dims))]
+    return [(x.dtype, new_shape(dims))]
 
 
 def _reduce(node: ir.Node, known: Known) -> Result:
@@ -303,7 +305,7 @@ def _reduce(node: ir.Node, known: Known) -> Result:
             dims.append(d)
         elif keepdims:
             dims.append(1)
-    return [(x.dtype, ir.Shape(dims))]
+    return [(x.dtype, new_shape(dims))]
 
 
 def _concat(node: ir.Node, known: Known) -> Result:
@@ -327,7 +329,7 @@ def _concat(node: ir.Node, known: Known) -> Result:
         raise Unsure  # a symbolic sum
     dims = list(shapes[0].dims) if shapes[0] is not None else []
     dims[axis] = sum(d for d in along if isinstance(d, int))
-    return [(values[0].dtype, ir.Shape(dims))]
+    return [(values[0].dtype, new_shape(dims))]
 
 
 def _slice(node: ir.Node, known: Known) -> Result:
@@ -372,7 +374,7 @@ def _slice(node: ir.Node, known: Known) -> Result:
             dims[axis] = max(0, (end - start + step - 1) // step)
         else:
             raise Unsure  # symbolic arithmetic or a fresh symbol
-    return [(x.dtype, ir.Shape(dims))]
+    return [(x.dtype, new_shape(dims))]
 
 
 def _layer_norm(node: ir.Node, known: Known) -> Result:
@@ -386,7 +388,7 @@ def _layer_norm(node: ir.Node, known: Known) -> Result:
         rank = x.shape.rank()
         axis = _axis(node.attributes.get_int("axis", -1), rank)
         stash = ir.DataType(node.attributes.get_int("stash_type", 1))
-        reduced = ir.Shape([*x.shape.dims[:axis], *([1] * (rank - axis))])
+        reduced = new_shape([*x.shape.dims[:axis], *([1] * (rank - axis))])
         result += [(stash, reduced)] * (len(node.outputs) - 1)
     return result
 
@@ -471,7 +473,7 @@ def _unsqueeze(node: ir.Node, known: Known) -> Result:
     dims: list[Dim] = list(x.shape.dims)
     for a in normalized:
         dims.insert(a, 1)
-    return [(x.dtype, ir.Shape(dims))]
+    return [(x.dtype, new_shape(dims))]
 
 
 def _squeeze(node: ir.Node, known: Known) -> Result:
@@ -486,7 +488,7 @@ def _squeeze(node: ir.Node, known: Known) -> Result:
         isinstance(dims[a], int) and dims[a] != 1 for a in normalized
     ):
         raise Unsure
-    return [(x.dtype, ir.Shape([d for i, d in enumerate(dims) if i not in normalized]))]
+    return [(x.dtype, new_shape([d for i, d in enumerate(dims) if i not in normalized]))]
 
 
 _Handler = Callable[[ir.Node, Known], Result]

@@ -175,28 +175,45 @@ def _known(value: ir.Value | None) -> ir.TensorProtocol | None:
 
 
 def _foldable(node: ir.Node) -> bool:
-    if node.domain not in ("", "ai.onnx") or node.op_type in _NOT_FOLDED:
+    # Every round asks every node (tens of thousands in a derivative model): loops rather
+    # than generators, and the attributes read from the dict under the UserDict.
+    op_type = node.op_type
+    if node.domain not in _DEFAULT_DOMAIN or op_type in _NOT_FOLDED:
         return False
-    if any(out.const_value is not None for out in node.outputs):
-        return False  # folded before (or by onnx_shape_inference)
-    if node.op_type not in _EXACT_FLOAT_OPS and any(
-        out.dtype is not None and out.dtype not in _EXACT_TYPES for out in node.outputs
-    ):
-        return False
-    return not any(
-        a.type in (ir.AttributeType.GRAPH, ir.AttributeType.GRAPHS) or a.is_ref()
-        for a in node.attributes.data.values()  # the dict under the UserDict: no generator
-    )
+    outputs = node.outputs
+    for out in outputs:
+        if out.const_value is not None:
+            return False  # folded before (or by onnx_shape_inference)
+    if op_type not in _EXACT_FLOAT_OPS:
+        for out in outputs:
+            dtype = out.dtype
+            if dtype is not None and dtype not in _EXACT_TYPES:
+                return False
+    for a in node.attributes.data.values():  # noqa: SIM110 (a loop: no generator per node)
+        if a.type in _BODIES or a.is_ref():
+            return False
+    return True
+
+
+_DEFAULT_DOMAIN = ("", "ai.onnx")
+_BODIES = (ir.AttributeType.GRAPH, ir.AttributeType.GRAPHS)
 
 
 def _results(node: ir.Node, opset: int) -> list[np.ndarray] | None:
     if node.op_type in ("Shape", "Size"):
         static = static_shape(node)
         return None if static is None else [static]
-    tensors = [_known(v) for v in node.inputs]
-    if any(t is None and v is not None for t, v in zip(tensors, node.inputs, strict=True)):
+    # Every input is looked at, known or not (_known annotates the outputs of Constants).
+    tensors = []
+    missing = False
+    for v in node.inputs:
+        t = _known(v)
+        if t is None and v is not None:
+            missing = True
+        tensors.append(t)
+    if missing:
         return None
-    if not any(t is not None for t in tensors):
+    if all(t is None for t in tensors):
         return None  # no inputs, or only omitted optional ones: nothing to fold
     args = [None if t is None else t.numpy() for t in tensors]
     if node.op_type == "Identity":
@@ -235,7 +252,7 @@ def _fold(
     for graph in _graphs(model.graph):
         skip = guessed(graph)
         for node in graph:
-            if not _foldable(node) or any(v in skip for v in node.inputs if v is not None):
+            if not _foldable(node) or (skip and any(v in skip for v in node.inputs)):
                 continue
             results = _results(node, opset)
             if results is None:

@@ -104,7 +104,7 @@ def subgraphs(graph: ir.Graph) -> list[ir.Graph]:
         # A transform walks its model's graphs a few dozen times: a node without attributes
         # (most of a derivative graph) costs one truth test, not a call of bodies().
         for node in g:
-            if not node.attributes.data:
+            if not node._attributes.data:  # the slot: a property call per node cost more
                 continue
             for body in bodies(node):
                 if body is not graph and body not in found:
@@ -147,21 +147,24 @@ def sort(graph: ir.Graph) -> None:
 
 
 def _sorted_and_named(graph: ir.Graph) -> bool:
+    # Every inference that is not told the graph is sorted checks it, and the check walks
+    # every node: the node's and values' slots are read directly (a property call each cost
+    # more than the set look-ups), as onnx_ir's properties return them.
     placed: set[ir.Node] = set()
     add = placed.add
     for node in graph:
         # bodies() only for a node with attributes: a truth test for most nodes.
-        if node.name is None or (node.attributes.data and bodies(node)):
+        if node._name is None or (node._attributes.data and bodies(node)):
             return False
-        for value in node.inputs:
+        for value in node._inputs:
             if value is None:
                 continue
-            producer = value.producer()
+            producer = value._producer
             # A producer of another graph is an outer value (a body's capture): not ordered here.
-            if producer is not None and producer not in placed and producer.graph is graph:
+            if producer is not None and producer not in placed and producer._graph is graph:
                 return False
-        for out in node.outputs:
-            if out.name is None:
+        for out in node._outputs:
+            if out._name is None:
                 return False
         add(node)
     return True

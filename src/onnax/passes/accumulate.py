@@ -87,16 +87,18 @@ def accumulate_in_float(
     main = model.graph
     # onnax.core.traverse walks the graphs as onnx_ir's all_nodes does, without its per-attribute
     # protocol checks (most of the cost of a walk over a large derivative model).
-    candidates = [
-        n
-        for n in traverse.all_nodes(main)
-        if n.domain == ""
-        and n not in primal
-        and (
-            _scatter_with_reduction(n)
-            or (accumulate == "float32" and n.graph is main and n.op_type in ACCUMULATING_OPS)
-        )
-    ]
+    # Every node is asked (a derivative model has tens of thousands): a loop testing the
+    # operator before calling anything.
+    in_float32 = accumulate == "float32"
+    candidates = []
+    for n in traverse.all_nodes(main):
+        if n.domain != "" or n in primal:
+            continue
+        op_type = n.op_type
+        if (op_type in _SCATTERS and _scatter_with_reduction(n)) or (
+            in_float32 and n.graph is main and op_type in ACCUMULATING_OPS
+        ):
+            candidates.append(n)
     if not candidates or not _holds_half(model):
         return 0
     # Emitted values need not carry their element type yet: inference gives it to all of them.
@@ -128,11 +130,11 @@ def _holds_half(model: ir.Model) -> bool:
     return any(v.dtype in HALF_TYPES for v in values)
 
 
+_SCATTERS = ("ScatterND", "ScatterElements")
+
+
 def _scatter_with_reduction(node: ir.Node) -> bool:
-    return (
-        node.op_type in ("ScatterND", "ScatterElements")
-        and node.attributes.get_string("reduction", "none") != "none"
-    )
+    return node.op_type in _SCATTERS and node.attributes.get_string("reduction", "none") != "none"
 
 
 def _in_float(graph: ir.Graph | ir.Function, node: ir.Node) -> None:

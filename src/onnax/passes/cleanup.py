@@ -20,6 +20,7 @@ and reordered on its own (onnx_ir's own passes where they do what is needed):
 from __future__ import annotations
 
 import logging
+from collections.abc import Callable
 
 import onnx_ir as ir
 import onnx_ir.passes as passes
@@ -27,12 +28,12 @@ import onnx_ir.passes.common as common
 from onnx_shape_inference import OpUsageError, ShapeInferenceError
 
 from onnax.core.batching import detach
-from onnax.core.fast_ir import new_shape
+from onnax.core.fast_ir import detach_inputs, new_shape
 from onnax.core.inference import RANK_GUESSED, infer_shapes
 from onnax.core.name_fix import fix_names_flat
 from onnax.core.subgraphs import graph_attributes
 from onnax.core.traverse import flat_block, model_graphs, subgraphs
-from onnax.passes.cse import eliminate_common_subexpressions
+from onnax.passes.cse import eliminate
 from onnax.passes.fast_steps import (
     RemoveUnusedNodes,
     SortGraph,
@@ -85,17 +86,19 @@ class Cleanup(Steps):
     """
 
     def __init__(self) -> None:
+        cse, fix_outputs = EliminateCommonSubexpressions(), FixOutputs()
         super().__init__(
             PruneNodes(),
             # No dead code after it: a duplicate's inputs are its twin's, which stays.
-            EliminateCommonSubexpressions(),
+            cse,
             SortGraph(),
-            FixOutputs(),
+            fix_outputs,
             FixNames(),
             NameMainGraph(),
             # Sorted by SortGraph: the steps between only append output aliases and rename.
             AnnotateShapes(presorted=True),
-            Simplify(),
+            # Sorting, naming and annotating change no CSE key, adding output aliases might.
+            Simplify(settled=lambda: cse.settled and not fix_outputs.aliased),
         )
 
     def call(self, model: ir.Model) -> passes.PassResult:
@@ -108,11 +111,15 @@ class Simplify(Steps):
     """The simplification: the local rewrites and CSE to a fixed point, then what they need.
 
     Dead code and names for the values it created are tidied only when it changed something.
+
+    Args:
+        settled: Tells, when the simplification starts, whether the model is free of common
+            subexpressions already (see :class:`FixedPoint`); None: not known to be.
     """
 
-    def __init__(self) -> None:
+    def __init__(self, settled: Callable[[], bool] | None = None) -> None:
         super().__init__(
-            FixedPoint(SimplifyLocally(), EliminateCommonSubexpressions()),
+            FixedPoint(SimplifyLocally(), EliminateCommonSubexpressions(), settled=settled),
             PruneNodes(),
             FixNames(),
         )
@@ -136,19 +143,37 @@ class FixedPoint(Steps):
     step must reach its own fixed point in one run (the local rewrites do: one topological
     sweep collapses a whole chain), so a round in which only the first step changed anything
     ends the loop without a round that would only confirm it.
+
+    Args:
+        steps: The steps of a round.
+        rounds: The most rounds run.
+        settled: Tells, when the rounds start, whether the model is a fixed point of the steps
+            after the first already: then a first round in which the first step changes
+            nothing ends there, as the others would change nothing either (the cleanup's CSE
+            before the simplification leaves no duplicate on a sorted graph, and a second CSE
+            cost a tenth of a jvp to find none).
     """
 
-    def __init__(self, *steps: passes.PassBase, rounds: int = 4) -> None:
+    def __init__(
+        self,
+        *steps: passes.PassBase,
+        rounds: int = 4,
+        settled: Callable[[], bool] | None = None,
+    ) -> None:
         super().__init__(*steps)
         self.rounds = rounds
+        self.settled = settled
 
     def call(self, model: ir.Model) -> passes.PassResult:
         """Runs the rounds on ``model``."""
         modified = False
+        settled = self.settled is not None and self.settled()
         for _ in range(self.rounds):
             first, *rest = self.passes
             result = first(model)
             model, modified = result.model, modified or result.modified
+            if settled and not modified:
+                break
             again = False
             for step in rest:
                 result = step(model)
@@ -206,7 +231,7 @@ def _trim(kept: list[ir.Node], outputs: frozenset[ir.Value], opset: int | None) 
     """
     for node in kept:
         trim(node, outputs, opset)
-        for body in graph_attributes(node):
+        for body in graph_attributes(node) if node.attributes.data else ():
             _trim(list(reversed(body)), frozenset(body.outputs), opset)
 
 
@@ -221,10 +246,15 @@ class EliminateCommonSubexpressions(passes.InPlacePass):
     output would then serialise without a type, which ``onnx.checker`` rejects.
     """
 
+    def __init__(self) -> None:
+        super().__init__()
+        self.settled = False
+        """Whether the last run left the graph free of duplicates (:func:`~onnax.passes.cse.eliminate`)."""
+
     def call(self, model: ir.Model) -> passes.PassResult:
         """Runs the step on ``model``."""
         declared = [(v.type, v.shape) for v in model.graph.outputs]
-        modified = eliminate_common_subexpressions(model.graph)
+        modified, self.settled = eliminate(model.graph)
         _keep_output_types(model.graph, declared)
         return passes.PassResult(model, modified=modified)
 
@@ -235,9 +265,14 @@ class FixOutputs(passes.InPlacePass):
     See :func:`_fix_outputs`.
     """
 
+    def __init__(self) -> None:
+        super().__init__()
+        self.aliased = False
+        """Whether the last run had outputs to separate (it may have added nodes)."""
+
     def call(self, model: ir.Model) -> passes.PassResult:
         """Runs the step on ``model``."""
-        _fix_outputs(model)
+        self.aliased = _fix_outputs(model)
         return passes.PassResult(model, modified=True)
 
 
@@ -315,33 +350,45 @@ def _remove_dead_nodes(graph: ir.Graph, kept: list[ir.Node] | None = None) -> No
     outputs = frozenset(graph.outputs)
     dead = []
     for node in reversed(list(graph)):
-        if any(out in outputs or out.uses() for out in node.outputs):
+        # graph_attributes only for a node with attributes: a truth test for most nodes.
+        held = graph_attributes(node) if node.attributes.data else ()
+        if _used(node, outputs):
             if kept is not None:
                 kept.append(node)
-            for body in graph_attributes(node):
+            for body in held:
                 _remove_dead_nodes(body)
             continue
-        for body in graph_attributes(node):
+        for body in held:
             detach(body)
         # Its producers must see it gone at once (they come next); removal waits, as one
         # call per node would cost the graph's outputs each time.
-        for i in range(len(node.inputs)):
-            node.replace_input_with(i, None)
+        detach_inputs(node)
         dead.append(node)
     remove_unused(graph, dead)
 
 
-def _fix_outputs(model: ir.Model) -> None:
+def _used(node: ir.Node, outputs: frozenset[ir.Value]) -> bool:
+    """Whether an output of ``node`` is a graph output or has a use (a loop: no generator)."""
+    for out in node.outputs:  # noqa: SIM110
+        if out in outputs or out.uses():
+            return True
+    return False
+
+
+def _fix_outputs(model: ir.Model) -> bool:
     """``OutputFixPass``, except that a main-graph input passed through as an output stays so.
 
     The pass separates such an output from the input with an Identity and renames the input
     ``<name>_orig``: a public input name would change (``(x) => (x)`` would take ``x_orig``).
     The main graph's inputs and outputs keep their names, so the pass-through is restored
     (onnx.checker and onnxruntime accept it: the source model had it).
+
+    Returns:
+        Whether the pass ran (there were outputs to separate): only then are nodes added.
     """
     graph = model.graph
     if not model.functions and not any(_aliased_outputs(g) for g in (graph, *subgraphs(graph))):
-        return  # the pass would add nothing: its two walks of every graph cost more
+        return False  # the pass would add nothing: its two walks of every graph cost more
     passthrough = {v: v.name for v in graph.outputs if v.is_graph_input()}
     common.OutputFixPass()(model)
     for i, out in enumerate(list(graph.outputs)):
@@ -354,6 +401,7 @@ def _fix_outputs(model: ir.Model) -> None:
         graph.outputs[i] = x
         graph.remove(node, safe=True)
         x.name = passthrough[x]
+    return True
 
 
 def _aliased_outputs(graph: ir.Graph) -> bool:

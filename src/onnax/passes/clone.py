@@ -20,7 +20,7 @@ from typing import TypeGuard
 
 import onnx_ir as ir
 
-from onnax.core.fast_ir import copy_shape
+from onnax.core.fast_ir import copy_shape, new_node
 from onnax.core.static import attr_tensor
 from onnax.core.traverse import model_graphs
 
@@ -155,11 +155,14 @@ def _copy_node(node: ir.Node, copies: dict[ir.Value, ir.Value]) -> ir.Node | Non
             attr = ir.AttrTensors(attr.name, [_view(t) for t in attr.as_tensors()], attr.doc_string)
         attributes.append(attr)
     outputs = [_copy_value(out, initializer=False) for out in node.outputs]
-    new = ir.Node(
+    # The constructor's node (fast_ir.new_node): the outputs are fresh copies, the
+    # attributes Attr objects of the node's own distinct names.
+    new = new_node(
         node.domain,
         node.op_type,
         inputs,
         attributes,
+        len(outputs),
         overload=node.overload,
         outputs=outputs,
         version=node.version,

@@ -90,10 +90,15 @@ class _Expander:
             self.node(graph, node, active, 0)
 
     def node(self, graph: ir.Graph, node: ir.Node, active: set[ir.Value], depth: int) -> None:
-        if not any(v in active for v in node.inputs if v is not None) and not any(
-            v in active for v in subgraph_reads(node)
-        ):
-            return
+        # Every node of the model is asked: a loop over the inputs, and the bodies looked
+        # for only on a node with attributes (none without holds one).
+        for v in node.inputs:
+            if v is not None and v in active:
+                break
+        else:
+            held = node.attributes.data and subgraph_reads(node)
+            if not held or not any(v in active for v in held):
+                return
         if (
             depth < MAX_DEPTH
             and self.rules.lookup(node.domain, node.op_type, self.opset) is None
@@ -105,7 +110,7 @@ class _Expander:
                 for new in self.inline(graph, node, replacement):
                     self.node(graph, new, active, depth + 1)
                 return
-        for sub in graph_attributes(node):
+        for sub in graph_attributes(node) if node.attributes.data else ():
             # Over-approximated: every body input may carry the derivative or batch dimension.
             active.update(v for v in sub.inputs if self.carries(v))
             self.graph(sub, active)

@@ -18,6 +18,7 @@ import onnx_ir as ir
 import onnx_ir.passes as passes
 
 from onnax.core import traverse
+from onnax.core.fast_ir import detach_inputs
 
 __all__ = ["RemoveUnusedNodes", "SortGraph", "remove_unused_initializers", "trim"]
 
@@ -55,6 +56,11 @@ def _schema_outputs(op_type: str, opset: int, domain: str) -> _Outputs | None:
     return _Outputs(tuple(optional), "training_mode" in schema.attributes)
 
 
+_OPTIONAL_OUTPUTS: dict[tuple[str, int, str], bool] = {}
+"""Per operator, opset and domain met, whether :func:`_schema_outputs` found optional outputs
+(a plain dict: the cached function hashes its three arguments at every call)."""
+
+
 def _remove_unused_optional_outputs(
     node: ir.Node, graph_outputs: frozenset[ir.Value], opset: int
 ) -> None:
@@ -62,6 +68,7 @@ def _remove_unused_optional_outputs(
     if node.domain not in {"", "onnx.ai"}:
         return
     info = _schema_outputs(node.op_type, opset, node.domain)
+    _OPTIONAL_OUTPUTS[(node.op_type, opset, node.domain)] = info is not None
     if info is None:
         return
     if node.op_type == "BatchNormalization":
@@ -104,8 +111,12 @@ def trim(node: ir.Node, graph_outputs: frozenset[ir.Value], opset: int | None) -
     Its trailing empty inputs go, and (given the opset of its schema) its trailing optional
     outputs that nothing reads.
     """
-    _remove_trailing_empty_inputs(node)
-    if opset is not None:
+    # Asked of every node the cleanup keeps (twice per transform): the common case, no
+    # trailing empty input and no schema with optional outputs, costs two look-ups.
+    inputs = node._inputs
+    if inputs and inputs[-1] is None:
+        _remove_trailing_empty_inputs(node)
+    if opset is not None and _OPTIONAL_OUTPUTS.get((node.op_type, opset, node.domain), True):
         _remove_unused_optional_outputs(node, graph_outputs, opset)
 
 
@@ -141,8 +152,7 @@ def _remove_unused_nodes(
             # What graph.remove(node, safe=True) does first, so that its producers (visited
             # next) see it gone; the removal itself waits for one call, as each call makes a
             # set of the graph's outputs.
-            for i in range(len(node.inputs)):
-                node.replace_input_with(i, None)
+            detach_inputs(node)
             dead.append(node)
             continue
         trim(node, graph_outputs, opset)

@@ -18,6 +18,7 @@ from collections.abc import Sequence
 import onnx_ir as ir
 
 from onnax.core.diagnostics import check_active_node, missing_rule
+from onnax.core.fast_ir import copy_shape
 from onnax.core.registry import jvp_rules
 from onnax.core.selection import is_float
 from onnax.core.subgraphs import BodyHooks, ScopedEmitter, name_values, subgraph_reads
@@ -177,8 +178,8 @@ def linearize_graph(
             continue
         tangents_in = [tangent.get(v) if v is not None else None for v in node.inputs]
         captured = [v for v in subgraph_reads(node) if v in tangent]
-        if all(t is None for t in tangents_in) and not captured:
-            continue
+        if tangents_in.count(None) == len(tangents_in) and not captured:
+            continue  # no tangent in (counted in C: every node of the model is asked)
         active = [t is not None for t in tangents_in]
         check_active_node(lin.transform, node, lin.opset, active)
         rule = jvp_rules.lookup(node.domain, node.op_type, lin.opset)
@@ -189,7 +190,12 @@ def linearize_graph(
         emitted = em.take()
         if emitted:
             graph.insert_after(node, emitted)
-            lin.linear_nodes.extend(n for n in emitted if any(o in lin.linear for o in n.outputs))
+            linear = lin.linear
+            for n in emitted:
+                for o in n.outputs:
+                    if o in linear:
+                        lin.linear_nodes.append(n)
+                        break
         outputs = [em.replaced.get(o, o) for o in node.outputs]
         if em.replaced:
             # A forward-mode control-flow rule replaced the node by one computing both.
@@ -205,7 +211,7 @@ def linearize_graph(
                 # that inference would otherwise invent for broadcasts, so transposes can find a
                 # shape witness later.
                 if out.shape is not None and not t_out.is_graph_input():
-                    t_out.shape = out.shape.copy()
+                    t_out.shape = copy_shape(out.shape)  # out.shape.copy(), unconverted
                 if t_out.type is None and out.type is not None:
                     t_out.type = out.type
                 tangent[out] = t_out

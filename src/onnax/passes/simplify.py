@@ -27,6 +27,7 @@ import numpy as np
 import onnx_ir as ir
 import onnx_ir.passes as passes
 
+from onnax.core.fast_ir import detach_inputs
 from onnax.core.inference import RANK_GUESSED
 from onnax.core.static import attr_tensor, constant_of
 from onnax.core.traverse import model_graphs
@@ -492,9 +493,7 @@ def _forward(node: ir.Node, x: ir.Value) -> bool:
 
 def _detach(node: ir.Node) -> None:
     """Makes a node about to be removed stop using its inputs (and marks it removed)."""
-    for i in range(len(node.inputs)):
-        if node.inputs[i] is not None:
-            node.replace_input_with(i, None)
+    detach_inputs(node)
     node.meta[_DROPPED] = True
 
 

@@ -20,6 +20,7 @@ from collections.abc import Sequence
 import onnx_ir as ir
 
 from onnax.core.emit import InternalRuleError
+from onnax.core.fast_ir import detach_inputs, remove_detached
 from onnax.core.inference import infer_shapes
 from onnax.core.registry import transpose_rules
 from onnax.core.shapes import ShapeOracle, dims_key, expand_input
@@ -141,8 +142,8 @@ def transpose_graph(
             accumulate(t, seed)
     for node in reversed(lin.linear_nodes):
         cts_out = [cotangent.pop(o, None) for o in node.outputs]
-        if all(c is None for c in cts_out):
-            continue
+        if cts_out.count(None) == len(cts_out):
+            continue  # no cotangent reaches the node (counted in C)
         rule = transpose_rules.lookup(node.domain, node.op_type, lin.opset)
         if rule is None:
             raise InternalRuleError(
@@ -180,8 +181,7 @@ def _full_size(ct: ir.Value, value: ir.Value) -> bool:
 
 def _remove_linear(graph: ir.Graph, lin: Linearization) -> None:
     for node in lin.linear_nodes:
-        for i in range(len(node.inputs)):
-            node.replace_input_with(i, None)
+        detach_inputs(node)
         # Bodies first: node.meta makes a store for each of the many linear nodes it is read on.
         held = graph_attributes(node) if node.attributes.data else []
         if held and not node.meta.get(TAKEN):
@@ -192,6 +192,6 @@ def _remove_linear(graph: ir.Graph, lin: Linearization) -> None:
     for v in linear_outputs:
         # Only a body can output linear values (its tangents); its rule sets new outputs.
         graph.outputs.remove(v)
-    graph.remove(lin.linear_nodes, safe=True)
+    remove_detached(graph, lin.linear_nodes)  # remove(safe=True) of nodes detached above
     for t in [v for v in graph.inputs if v in lin.linear]:
         graph.inputs.remove(t)
