@@ -253,14 +253,8 @@ def gelu_tangent(em: Emitter, node: ir.Node) -> ir.Value | None:
     if found is None:
         return None
     cdf, k, products = found
-    t_x = tangent.get(cdf.x)
-    if t_x is None or any(tangent.get(v) is None for v in (*cdf.values, *products)):
-        return None
-    if any(
-        i is not None and constant_of(i) is not None and tangent.get(i) is not None
-        for n in _nodes(cdf, node, products)
-        for i in n.inputs
-    ):
+    t_x = _chain_tangent(tangent, node, cdf.x, (*cdf.values, *products))
+    if t_x is None:
         return None
     found_slope = _slope(em, cdf, k)
     if found_slope is None:
@@ -271,9 +265,25 @@ def gelu_tangent(em: Emitter, node: ir.Node) -> ir.Value | None:
     return t_y if factor == 1.0 else em.op("Mul", [t_y, em.scalar(factor, cdf.x)])
 
 
-def _nodes(cdf: _Cdf, node: ir.Node, products: tuple[ir.Value, ...]) -> list[ir.Node]:
-    values = (*cdf.values, *products)
-    return [node, *(p for p in (v.producer() for v in values) if p is not None)]
+def _chain_tangent(
+    tangent: dict[ir.Value, ir.Value], node: ir.Node, x: ir.Value, values: tuple[ir.Value, ...]
+) -> ir.Value | None:
+    """The tangent of ``x``, when the chain ending at ``node`` may be read as one function of it.
+
+    That is when every value inside (``values``) carries a tangent and no constant input does;
+    else None.
+    """
+    t_x = tangent.get(x)
+    if t_x is None or any(tangent.get(v) is None for v in values):
+        return None
+    chain = [node, *(p for p in (v.producer() for v in values) if p is not None)]
+    if any(
+        i is not None and constant_of(i) is not None and tangent.get(i) is not None
+        for n in chain
+        for i in n.inputs
+    ):
+        return None
+    return t_x
 
 
 @dataclasses.dataclass(frozen=True)
@@ -433,16 +443,8 @@ def gelu_slope_tangent(em: Emitter, node: ir.Node) -> ir.Value | None:
     )
     if found is None:
         return None
-    cdf = found.cdf
-    t_x = tangent.get(cdf.x)
-    if t_x is None or any(tangent.get(v) is None for v in found.values):
-        return None
-    chain = [node, *(p for p in (v.producer() for v in found.values) if p is not None)]
-    if any(
-        i is not None and constant_of(i) is not None and tangent.get(i) is not None
-        for n in chain
-        for i in n.inputs
-    ):
+    t_x = _chain_tangent(tangent, node, found.cdf.x, found.values)
+    if t_x is None:
         return None
     if isinstance(found, _ErfSlope):
         return _erf_curve(em, found, t_x)

@@ -184,12 +184,10 @@ def _layer_norm_jvp(em: Emitter, node: ir.Node, tangents: Tangents) -> list[ir.V
     # The tangent of xhat is spelled alike with or without statistics outputs: the unit-scale
     # LayerNormalization a gradient computes xhat with and the model's own one on the same x
     # then share it after CSE (forward over reverse differentiates both).
+    # (A dynamic n takes the ReduceMean form, which also gives the statistics' tangents.)
     parts = standardized_tangent_parts(em, tx, s, x) if tx is not None else None
-    stats = [o for o in node.outputs[1:] if is_present(o)]
-    st = standardized_tangent(em, tx, s) if tx is not None and stats and parts is None else None
+    st = standardized_tangent(em, tx, s) if tx is not None and parts is None else None
     dxhat = parts[0] if parts is not None else (st.dxhat if st is not None else None)
-    if dxhat is None and tx is not None:
-        dxhat = standardized_tangent_of(em, tx, s, x)
     terms: list[ir.Value | None] = [
         _scaled(em, dxhat, scale, x) if dxhat is not None else None,
         em.op("Mul", [s.xhat, ts]) if ts is not None else None,
