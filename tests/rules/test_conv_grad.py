@@ -181,6 +181,17 @@ CASES = [
         "strides=[2, 1], pads=[1, 1, 0, 1]",
         dims={"N": 2, "H": 7, "V": 5},
     ),
+    # Ungrouped 2-D kernels of at least 49 elements (7x7 stems): the classic Conv; 6x6 not.
+    _conv(
+        "stem_7x7",
+        "N, 3, 16, 15",
+        "4, 3, 7, 7",
+        "N, 4, 8, 8",
+        "strides=[2, 2], pads=[3, 3, 3, 3]",
+        bias="4",
+        opsets=(11, 18),
+    ),
+    _conv("im2col_6x6", "N, 2, 9, 8", "3, 2, 6, 6", "N, 3, 5, 3", "pads=[1, 0, 0, 0]"),
     # ConvTranspose: its weight gradient is the same correlation, input and cotangent exchanged.
     _conv(
         "convT_pw_strided",
@@ -249,6 +260,7 @@ STATIC_ONE = [
         "pw_3d",
         "im2col_1d",
         "im2col_3d",
+        "stem_7x7",
     )
 ]
 """A batch of statically one example: the channels-major im2col moves no data (Reshapes), the
@@ -302,6 +314,8 @@ def _weight_gradient_ops(case: Case) -> Counter[str]:
         ("im2col_3d", "im2col"),
         ("pw_padded", "channels"),
         ("pw_padded_1d", "classic"),  # 25 output positions
+        ("stem_7x7", "classic"),
+        ("im2col_6x6", "channels"),
     ],
 )
 def test_form_chosen(name: str, form: str) -> None:
