@@ -77,8 +77,7 @@ where single figures scatter by 2x; ratios are the classic form's time over the 
   costs one pass of each. With at most 64 output channels (an ungrouped Conv) the GEMM is
   ``cols [C*K, N*P] @ gᵀ`` instead (the small result transposed): the big columns are then
   read in place rather than packed: 56x56x64 stride 1 at batch 8 37.8 -> 33.8 ms, at batch 1
-  4.9 -> 4.3; resnet's 7x7 stride-2 stem (3 -> 64) 75 -> 60 ms (it now takes the classic
-  Conv, below); with 128 channels a tie, from
+  4.9 -> 4.3; resnet's 7x7 stride-2 stem (3 -> 64) 75 -> 60 ms; with 128 channels a tie, from
   256 on slower (7x7x512: 22 -> 33). ``g`` enters that Gemm as the transposed right operand
   ``[M, N*P]`` (the batch and channel axes exchanged, whole planes moving), not channels last
   (a Transpose of every plane): resnet18's stem at batch 8, in the whole gradient (kernel
@@ -91,16 +90,14 @@ where single figures scatter by 2x; ratios are the classic form's time over the 
   downsamples keep the im2col (1.6-3.4x the classic). A space-to-depth Reshape + Transpose and
   one batched MatMul measured 1.1-1.8x slower than the im2col there
   (``tests/benchmarks/bench_depthwise_grad.py``).
-* **Large ungrouped 2-D kernels** (at least 49 elements: resnet's and inception's 7x7 stems)
-  take the classic Conv: its ``Cin`` GEMMs are ``[M, N*P] @ [N*P, K]``, wide enough at
-  ``K >= 49``, and onnxruntime's own column extraction writes ``N * P * K`` per channel once,
-  where the channels-major im2col's one-hot 3-D Conv writes it and then multiplies it by the
-  ``K x K`` identity. Alone (batch 8 / 1, one thread, medians of 11; im2col / classic):
-  resnet's stem 3 -> 64 at 224x224 stride 2 29.4 / 22.1 ms and 3.4 / 2.6 ms, 3 -> 96 34.8 /
-  28.0, 7x7 64 -> 64 at 28x28 29.2 / 23.9 and 3.7 / 3.0; at 6x6 and 5x5 kernels a tie
-  (16.7 / 17.1, 14.2 / 14.0), at 3x3 the im2col wins (3 -> 32 at 224x224 stride 2 4.5 / 6.8).
-  resnet18's whole gradient w.r.t. every weight (interleaved, 15-21 rounds): 519.6 -> 516.8 ms
-  at batch 8, 66.4 -> 66.2 ms at batch 1 (the stem is one Conv of twenty).
+* **Large ungrouped 2-D kernels** (resnet's 7x7 stems) keep the channels-major im2col, though
+  alone the classic Conv ran faster there (its ``Cin`` GEMMs ``[M, N*P] @ [N*P, K]`` are wide
+  enough at ``K >= 49``; batch 8 / 1, one thread, medians of 11, im2col / classic: resnet's stem
+  3 -> 64 at 224x224 stride 2 29.4 / 22.1 ms and 3.4 / 2.6 ms, 7x7 64 -> 64 at 28x28 29.2 /
+  23.9; a tie at 5x5 and 6x6, the im2col faster at 3x3): resnet18's whole gradient gained only
+  0.5 % at batch 8 (519.6 -> 516.8 ms), and per-example gradients, vmap of the batch-1
+  gradient, ran 14x slower (536 ms -> 7.5 s at batch 8), the classic Conv's cotangent kernel
+  becoming one group per example.
 * **Otherwise** (1-D and 3-D kernels with fewer output positions, where the GEMM's inner
   dimension ``N * O`` is small and the per-example im2col measured 0.7-1.0x; symbolic kernel
   sizes; a padded 1x1 outside 2-D): the classic Conv with ``g`` as the kernel.
@@ -150,9 +147,6 @@ _COLUMNS_LEFT_MAX_ROWS = 64
 
 _PATCH_IM2COL_MAX_TAPS = 16
 """Windows that tile the input with more elements than this: the classic Conv (module doc)."""
-
-_CLASSIC_MIN_TAPS = 49
-"""Ungrouped 2-D kernels with at least this many elements: the classic Conv (module doc)."""
 
 _DEPTHWISE_MAX_TAPS = 16
 """The depthwise form emits three nodes per kernel element: small kernels only."""
@@ -224,8 +218,6 @@ def choose_form(win: Window, weight: ir.Value, inp_like: ir.Value, group: int, r
         small = int(np.prod(kernel)) <= _DEPTHWISE_MAX_TAPS
         if small and (win.strides[-1] == 1 or _single_example(inp_like)):
             return "depthwise"
-        return "classic"
-    if rank == 4 and group == 1 and int(np.prod(kernel)) >= _CLASSIC_MIN_TAPS:
         return "classic"
     out = [o for o in win.size_out if isinstance(o, int)]
     least = _IM2COL_2D_MIN_POSITIONS if rank == 4 else _IM2COL_MIN_POSITIONS
