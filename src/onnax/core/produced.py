@@ -26,6 +26,7 @@ from collections.abc import Hashable
 
 import onnx_ir as ir
 
+from onnax.core.fast_nodes import node_list
 from onnax.core.skeleton import SKELETON_MAX_ELEMENTS
 from onnax.core.traverse import bodies
 
@@ -118,7 +119,7 @@ def _graph_parts(graph: ir.Graph, parts: list[Hashable]) -> None:
     node_key = _NODE_KEY
     value_key = _VALUE_KEY
     tensor_type = ir.TensorType
-    for node in graph:
+    for node in node_list(graph):
         key = node_key(node)
         append(key)
         for out in key[-1]:

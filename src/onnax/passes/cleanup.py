@@ -29,6 +29,7 @@ from onnx_shape_inference import OpUsageError, ShapeInferenceError
 
 from onnax.core.batching import detach
 from onnax.core.fast_ir import detach_inputs, new_shape
+from onnax.core.fast_nodes import node_list
 from onnax.core.inference import RANK_GUESSED, infer_shapes
 from onnax.core.name_fix import fix_names_flat
 from onnax.core.subgraphs import graph_attributes
@@ -349,7 +350,7 @@ def _remove_dead_nodes(graph: ir.Graph, kept: list[ir.Node] | None = None) -> No
     """
     outputs = frozenset(graph.outputs)
     dead = []
-    for node in reversed(list(graph)):
+    for node in reversed(node_list(graph)):
         # graph_attributes only for a node with attributes: a truth test for most nodes.
         held = graph_attributes(node) if node.attributes.data else ()
         if _used(node, outputs):

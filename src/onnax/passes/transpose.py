@@ -21,6 +21,7 @@ import onnx_ir as ir
 
 from onnax.core.emit import InternalRuleError
 from onnax.core.fast_ir import detach_inputs, remove_detached
+from onnax.core.fast_nodes import insert_nodes, node_list
 from onnax.core.inference import infer_shapes
 from onnax.core.registry import transpose_rules
 from onnax.core.shapes import ShapeOracle, dims_key, expand_input
@@ -96,7 +97,7 @@ def transpose_graph(
     The linear nodes are removed afterwards, and so are the graph inputs that are linear.
     """
     values = [v for v in graph.inputs if v not in lin.linear]
-    values += [v for n in graph for v in n.outputs if v not in lin.linear]
+    values += [v for n in node_list(graph) for v in n.outputs if v not in lin.linear]
     scope_values = [*values, *outer_values]
     oracle = ShapeOracle(scope_values, lin.tangent_of)
 
@@ -166,9 +167,9 @@ def transpose_graph(
             for value, ct in zip(captured, extra, strict=True):
                 if ct is not None:
                     accumulate(value, ct)
-        graph.extend(em.take())
+        insert_nodes(graph, None, em.take())
     results = [cotangent.get(w) for w in wanted]
-    graph.extend(em.take())
+    insert_nodes(graph, None, em.take())
     _remove_linear(graph, lin)
     return results
 
