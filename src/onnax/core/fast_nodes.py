@@ -32,7 +32,7 @@ def _list_direct(graph: ir.Graph) -> list[ir.Node]:
     add = nodes.append
     box = root.next
     while box is not root:
-        add(box.value)
+        add(box.value)  # type: ignore[arg-type]  # a linked box holds a node
         box = box.next
     return nodes
 
