@@ -60,15 +60,26 @@ def _insert_direct(graph: ir.Graph, anchor: ir.Node | None, nodes: Sequence[ir.N
                 f"The node '{node!r}' belongs to another graph. Please remove it first with "
                 "Graph.remove()."
             )
-        if node._name is None:
-            authority.register_or_name_node(node)  # a generated name: the authority's own way
-        else:
-            node_names.add(node._name)
+        name = node._name
+        if name is None:
+            # The authority's _unique_node_name, without its two method calls per node.
+            while True:
+                name = f"node_{node._op_type}_{authority._node_counter}"
+                authority._node_counter += 1
+                if name not in node_names:
+                    break
+            node.name = name
+        node_names.add(name)
         for value in node._outputs:
-            if value._name is None:
-                authority.register_or_name_value(value)
-            else:
-                value_names.add(value._name)
+            name = value._name
+            if name is None:
+                while True:  # _unique_value_name
+                    name = f"val_{authority._value_counter}"
+                    authority._value_counter += 1
+                    if name not in value_names:
+                        break
+                value.name = name  # the setter: it names a constant's tensor too
+            value_names.add(name)
         node._graph = graph
     linked = graph._nodes
     boxes = linked._value_ids_to_boxes
