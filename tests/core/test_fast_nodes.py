@@ -70,3 +70,22 @@ def test_insert_nodes_refuses_a_node_of_another_graph() -> None:
     stranger = ir.Node("", "Neg", [ir.Value(name="z")])
     with pytest.raises(ValueError, match="not in the list"):
         insert_nodes(graph, stranger, [ir.Node("", "Abs", [nodes[0].outputs[0]])])
+
+
+def test_the_slots_hot_walks_read_are_what_the_properties_return() -> None:
+    # inference, broadcast_dims, inferred, traverse, shape_fill and cleanup read these slots
+    # directly in their walks over every node: should onnx_ir keep them otherwise, this fails.
+    body = ir.Graph([], [], nodes=[], name="body")
+    node = ir.Node(
+        "ai.onnx",
+        "If",
+        [ir.Value(name="c")],
+        attributes=[ir.AttrGraph("then_branch", body), ir.AttrInt64("k", 1)],
+    )
+    assert node._op_type == node.op_type == "If"
+    assert node._domain == node.domain
+    assert node._attributes is node.attributes
+    assert node._attributes.data == dict(node.attributes)
+    assert [a._type for a in node._attributes.data.values()] == [
+        a.type for a in node.attributes.values()
+    ]

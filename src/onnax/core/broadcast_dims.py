@@ -115,5 +115,6 @@ def forget_guessed_broadcasts(model: ir.Model) -> None:
     graph = model.graph
     # The graph itself when it holds no bodies (subgraphs() is walked once per inference).
     for node in all_nodes(graph) if subgraphs(graph) else node_list(graph):
-        if node.op_type in BROADCASTING and node.domain in ("", "ai.onnx"):
+        # The slots, as Node.op_type and .domain return them: every node is asked.
+        if node._op_type in BROADCASTING and node._domain in ("", "ai.onnx"):
             _forget(node)

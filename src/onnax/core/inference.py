@@ -169,7 +169,8 @@ def _settled_constants(model: ir.Model) -> list[ir.Node]:
     settled = []
     for graph in (model.graph, *subgraphs(model.graph)):
         for node in node_list(graph):
-            if node.op_type != "Constant" or node.domain != "":
+            # The slots, as Node.op_type and .domain return them: every node is asked.
+            if node._op_type != "Constant" or node._domain != "":
                 continue
             out = node.outputs[0]
             attr = node.attributes.get("value")
@@ -261,7 +262,7 @@ def _guessed_ranks(graph: ir.Graph) -> set[ir.Value]:
     """The values of ``graph`` whose shapes rest on a guessed rank (see :func:`infer_shapes`)."""
     guessed: set[ir.Value] = set()
     for node in node_list(graph):
-        op_type = node.op_type
+        op_type = node._op_type  # the slot, as Node.op_type returns it: every node is asked
         if op_type in _RANK_FREE:
             continue
         # Every inference walks every graph here: until the first guess (in most models,

@@ -84,10 +84,10 @@ def passable(node: ir.Node) -> bool:
     """
     # Every inference records and checks every node: the attributes are read from the dict
     # under the UserDict (a C loop, not a generator), here and in the record.
-    for attr in node.attributes.data.values():
-        if attr.type in _BODIES:
+    for attr in node._attributes.data.values():
+        if attr._type in _BODIES:
             return False
-    constant = node.op_type == "Constant" and node.domain in ("", "ai.onnx")
+    constant = node._op_type == "Constant" and node._domain in ("", "ai.onnx")
     for out in node.outputs:
         if not _fully_known(out):
             return False

@@ -190,7 +190,7 @@ def _foldable(node: ir.Node) -> bool:
             dtype = out.dtype
             if dtype is not None and dtype not in _EXACT_TYPES:
                 return False
-    for a in node.attributes.data.values():  # noqa: SIM110 (a loop: no generator per node)
+    for a in node._attributes.data.values():  # noqa: SIM110 (a loop: no generator per node)
         if a.type in _BODIES or a.is_ref():
             return False
     return True

@@ -35,7 +35,7 @@ def bodies(node: ir.Node) -> list[ir.Graph]:
     """The graphs held by the node's attributes, in attribute order."""
     found: list[ir.Graph] = []
     # The dict under the UserDict: its values() is a C loop, UserDict's a Python generator.
-    for attr in node.attributes.data.values():
+    for attr in node._attributes.data.values():
         kind = attr.type
         if kind is _GRAPH:
             found.append(attr.value)
@@ -129,7 +129,7 @@ def all_nodes(graph: ir.Graph) -> Iterator[ir.Node]:
     """
     for node in node_list(graph):
         yield node
-        if node.attributes.data:  # bodies() only for a node with attributes
+        if node._attributes.data:  # bodies() only for a node with attributes
             for body in bodies(node):
                 yield from all_nodes(body)
 

@@ -232,7 +232,7 @@ def _trim(kept: list[ir.Node], outputs: frozenset[ir.Value], opset: int | None) 
     """
     for node in kept:
         trim(node, outputs, opset)
-        for body in graph_attributes(node) if node.attributes.data else ():
+        for body in graph_attributes(node) if node._attributes.data else ():
             _trim(list(reversed(body)), frozenset(body.outputs), opset)
 
 
@@ -352,7 +352,7 @@ def _remove_dead_nodes(graph: ir.Graph, kept: list[ir.Node] | None = None) -> No
     dead = []
     for node in reversed(node_list(graph)):
         # graph_attributes only for a node with attributes: a truth test for most nodes.
-        held = graph_attributes(node) if node.attributes.data else ()
+        held = graph_attributes(node) if node._attributes.data else ()
         if _used(node, outputs):
             if kept is not None:
                 kept.append(node)
