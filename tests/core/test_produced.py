@@ -150,3 +150,26 @@ def test_models_the_user_made_are_never_remembered() -> None:
     assert not unedited(model)
     onnax.grad(model, inputs="x")
     assert not unedited(model)  # the source, read by a transform, is not its result
+
+
+def test_an_intermediate_value_retyped_or_reshaped_changes_the_fingerprint() -> None:
+    # The walk reads the outputs' type and shape slots: an edit of either must count.
+    gradient = _gradient()
+    outputs = set(gradient.graph.outputs)
+    value = next(
+        o
+        for n in gradient.graph
+        for o in n.outputs
+        if o not in outputs and o.type is not None and o.shape is not None
+    )
+    key = fingerprint(gradient)
+    assert value.type is not None
+    value.type.dtype = ir.DataType.DOUBLE  # in place: the same type object
+    assert fingerprint(gradient) != key
+    remember(gradient)
+    assert value.shape is not None
+    value.shape = ir.Shape([*value.shape.dims, 3])
+    assert not unedited(gradient)
+    remember(gradient)
+    value.shape = None
+    assert not unedited(gradient)

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import onnx_ir as ir
 
+from onnax.core.fast_nodes import node_list
 from onnax.core.traverse import all_nodes, subgraphs
 
 __all__ = ["forget_guessed_broadcasts"]
@@ -113,6 +114,7 @@ def forget_guessed_broadcasts(model: ir.Model) -> None:
     """
     graph = model.graph
     # The graph itself when it holds no bodies (subgraphs() is walked once per inference).
-    for node in all_nodes(graph) if subgraphs(graph) else graph:
-        if node.op_type in BROADCASTING and node.domain in ("", "ai.onnx"):
+    for node in all_nodes(graph) if subgraphs(graph) else node_list(graph):
+        # The slots, as Node.op_type and .domain return them: every node is asked.
+        if node._op_type in BROADCASTING and node._domain in ("", "ai.onnx"):
             _forget(node)

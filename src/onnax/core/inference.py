@@ -17,6 +17,7 @@ import onnx_shape_inference as osi
 from onnx_shape_inference import OpUsageError, ShapeInferenceError, infer_symbolic_shapes
 
 from onnax.core.broadcast_dims import forget_guessed_broadcasts
+from onnax.core.fast_nodes import node_list
 from onnax.core.inferred import remember, unchanged
 from onnax.core.quick_infer import engine_idle, settle
 from onnax.core.shape_fill import complete_shapes
@@ -167,8 +168,9 @@ def _settled_constants(model: ir.Model) -> list[ir.Node]:
     """
     settled = []
     for graph in (model.graph, *subgraphs(model.graph)):
-        for node in graph:
-            if node.op_type != "Constant" or node.domain != "":
+        for node in node_list(graph):
+            # The slots, as Node.op_type and .domain return them: every node is asked.
+            if node._op_type != "Constant" or node._domain != "":
                 continue
             out = node.outputs[0]
             attr = node.attributes.get("value")
@@ -259,8 +261,8 @@ def _shape_inputs(node: ir.Node) -> Sequence[ir.Value | None]:
 def _guessed_ranks(graph: ir.Graph) -> set[ir.Value]:
     """The values of ``graph`` whose shapes rest on a guessed rank (see :func:`infer_shapes`)."""
     guessed: set[ir.Value] = set()
-    for node in graph:
-        op_type = node.op_type
+    for node in node_list(graph):
+        op_type = node._op_type  # the slot, as Node.op_type returns it: every node is asked
         if op_type in _RANK_FREE:
             continue
         # Every inference walks every graph here: until the first guess (in most models,

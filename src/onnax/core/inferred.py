@@ -30,6 +30,7 @@ from typing import Any
 import onnx_ir as ir
 from onnx_shape_inference import SYM_DATA_KEY
 
+from onnax.core.fast_nodes import node_list
 from onnax.core.traverse import subgraphs
 
 __all__ = ["passable", "remember", "unchanged"]
@@ -53,7 +54,7 @@ def remember(model: ir.Model) -> None:
     records: dict[int, tuple[weakref.ref[ir.Node], _Record]] = {}
     states: dict[ir.Value, tuple[Any, ...]] = {}
     for graph in (model.graph, *subgraphs(model.graph)):
-        for node in graph:
+        for node in node_list(graph):
             record = _record(node, states)
             if record is not None:
                 records[id(node)] = (weakref.ref(node), record)
@@ -83,10 +84,10 @@ def passable(node: ir.Node) -> bool:
     """
     # Every inference records and checks every node: the attributes are read from the dict
     # under the UserDict (a C loop, not a generator), here and in the record.
-    for attr in node.attributes.data.values():
-        if attr.type in _BODIES:
+    for attr in node._attributes.data.values():
+        if attr._type in _BODIES:
             return False
-    constant = node.op_type == "Constant" and node.domain in ("", "ai.onnx")
+    constant = node._op_type == "Constant" and node._domain in ("", "ai.onnx")
     for out in node.outputs:
         if not _fully_known(out):
             return False

@@ -15,6 +15,7 @@ import collections
 
 import onnx_ir as ir
 
+from onnax.core.fast_nodes import node_list
 from onnax.core.traverse import subgraphs
 
 __all__ = ["fix_names_flat"]
@@ -80,7 +81,7 @@ def fix_names_flat(model: ir.Model) -> bool | None:
     for value in tuple(graph.initializers.values()):
         if value not in seen:
             fix_value(value)
-    for node in graph:
+    for node in node_list(graph):
         name = node.name
         if not name:
             node.name = _next_name("node", used_nodes, node_counter)

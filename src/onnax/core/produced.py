@@ -26,6 +26,7 @@ from collections.abc import Hashable
 
 import onnx_ir as ir
 
+from onnax.core.fast_nodes import node_list
 from onnax.core.skeleton import SKELETON_MAX_ELEMENTS
 from onnax.core.traverse import bodies
 
@@ -62,7 +63,7 @@ def fingerprint(model: ir.Model) -> int | None:
     """A hash of everything in ``model`` that onnx.checker's full check reads.
 
     None when this version of onnx_ir keeps its nodes and values in other slots than those
-    :data:`_NODE_KEY` and :data:`_VALUE_KEY` read: no model is then remembered.
+    :data:`_NODE_KEY` and :func:`_graph_parts` read: no model is then remembered.
     """
     if not _SLOTS_KNOWN:
         return None
@@ -86,7 +87,6 @@ def fingerprint(model: ir.Model) -> int | None:
 _NODE_KEY = operator.attrgetter(
     "_op_type", "_domain", "_overload", "_version", "_name", "_inputs", "_outputs"
 )
-_VALUE_KEY = operator.attrgetter("_name", "_type", "_shape")
 
 
 def _slots_known() -> bool:
@@ -97,11 +97,26 @@ def _slots_known() -> bool:
         and {"_name", "_type", "_shape"} <= set(ir.Value.__slots__)
     ):
         return False
-    x = ir.Value(name="x")
-    node = ir.Node("", "Identity", [x], name="n")
+    x = ir.Value(name="x", type=ir.TensorType(ir.DataType.FLOAT), shape=ir.Shape([2, "n"]))
+    node = ir.Node("", "Identity", [x], name="n", attributes=[ir.AttrInt64("k", 1)])
     key = _NODE_KEY(node)
+    # The slots _graph_parts reads for an output, as the properties return them.
+    slots_read = (
+        x._name == x.name
+        and x._type is x.type
+        and x._shape is x.shape
+        and x.type._dtype is x.dtype  # type: ignore[union-attr]
+        and tuple(x._shape._dims) == x.shape.dims  # type: ignore[union-attr]
+        and node._attributes.data == dict(node.attributes)
+    )
     # Hashed as they are: tuples, which an edit replaces (a list edited in place would not be).
-    return key[4] == "n" and key[5] == (x,) and type(key[5]) is tuple and type(key[6]) is tuple
+    return (
+        slots_read
+        and key[4] == "n"
+        and key[5] == (x,)
+        and type(key[5]) is tuple
+        and type(key[6]) is tuple
+    )
 
 
 _SLOTS_KNOWN = _slots_known()
@@ -116,23 +131,26 @@ def _graph_parts(graph: ir.Graph, parts: list[Hashable]) -> None:
         parts.append((name, _value_key(value), None if tensor is None else _tensor_key(tensor)))
     append = parts.append
     node_key = _NODE_KEY
-    value_key = _VALUE_KEY
     tensor_type = ir.TensorType
-    for node in graph:
+    for node in node_list(graph):
         key = node_key(node)
         append(key)
         for out in key[-1]:
-            name, kind, shape = value_key(out)
             # A type object can be retyped in place, a shape resized: their contents count.
+            # The slots, as Value.name, .type and .shape, TensorType.dtype and Shape.dims
+            # return them (a property call each was most of the walk).
+            kind = out._type
+            shape = out._shape
             append(
                 (
-                    name,
-                    kind.dtype if type(kind) is tensor_type else _type_key(kind),
-                    None if shape is None else shape.dims,
+                    out._name,
+                    kind._dtype if type(kind) is tensor_type else _type_key(kind),
+                    None if shape is None else tuple(shape._dims),
                 )
             )
-        if node.attributes.data:
-            for attr_name, attr in node.attributes.data.items():
+        data = node._attributes.data
+        if data:
+            for attr_name, attr in data.items():
                 append((attr_name, *_attr_key(attr)))
             for body in bodies(node):
                 _graph_parts(body, parts)

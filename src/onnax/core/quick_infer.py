@@ -45,6 +45,7 @@ import onnx_shape_inference as osi
 
 from onnax.core import quick_conv
 from onnax.core.fast_ir import new_shape
+from onnax.core.fast_nodes import node_list
 from onnax.core.quick_rules import (
     Dim,
     Known,
@@ -135,7 +136,7 @@ def settle(model: ir.Model, skipped: Collection[ir.Node]) -> list[ir.Node]:
     shapes: list[ir.Node] = []
     # handler() per operator once: every node of the model is asked for its rule.
     rules: dict[str, Callable[[ir.Node, Known], Result] | None] = {}
-    for node in graph:
+    for node in node_list(graph):
         if node in skipped:
             final.update(node.outputs)
             continue
@@ -221,7 +222,7 @@ def engine_idle(model: ir.Model, passed_over: Collection[ir.Node]) -> bool:
     graph = model.graph
     if len(passed_over) < len(graph) or subgraphs(graph):
         return False
-    for node in graph:  # a loop: no generator step per node
+    for node in node_list(graph):  # a loop: no generator step per node
         if node not in passed_over:
             return False
     for value in graph.inputs:

@@ -42,6 +42,7 @@ import onnx.shape_inference
 import onnx_ir as ir
 
 from onnax.core.diagnostics import RANDOM_OPS
+from onnax.core.fast_nodes import node_list
 from onnax.core.inferred import passable
 from onnax.core.skeleton import skeleton_proto
 from onnax.core.static import array_tensor, evaluate, static_shape
@@ -189,7 +190,7 @@ def _foldable(node: ir.Node) -> bool:
             dtype = out.dtype
             if dtype is not None and dtype not in _EXACT_TYPES:
                 return False
-    for a in node.attributes.data.values():  # noqa: SIM110 (a loop: no generator per node)
+    for a in node._attributes.data.values():  # noqa: SIM110 (a loop: no generator per node)
         if a.type in _BODIES or a.is_ref():
             return False
     return True
@@ -251,7 +252,7 @@ def _fold(
     learnt = False
     for graph in _graphs(model.graph):
         skip = guessed(graph)
-        for node in graph:
+        for node in node_list(graph):
             if not _foldable(node) or (skip and any(v in skip for v in node.inputs)):
                 continue
             results = _results(node, opset)
@@ -307,7 +308,7 @@ def _keep_ranks(
     learnt = False
     for graph in _graphs(model.graph):
         skip: Set[ir.Value] | None = None
-        for node in graph:
+        for node in node_list(graph):
             if not node.outputs or node.outputs[0].shape is not None:
                 continue
             shape = _kept_rank(node)

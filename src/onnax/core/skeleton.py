@@ -61,9 +61,13 @@ def skeleton_proto(model: ir.Model) -> tuple[onnx.ModelProto, list[str]]:
     finally:
         for value, tensor in inlined:
             value.const_value = tensor
-        for value, tensor, appended in demoted:
+        # The appended inputs are the last ones, in order: popped from the end, as a
+        # remove() of each scanned and shifted the list (quadratic in the weights).
+        for value, _, appended in reversed(demoted):
             if appended:
-                graph.inputs.remove(value)
+                popped = graph.inputs.pop()
+                assert popped is value
+        for value, tensor, _ in demoted:
             value.const_value = tensor
             graph.register_initializer(value)
     return proto, [str(v.name) for v, _, appended in demoted if appended]

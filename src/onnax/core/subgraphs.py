@@ -84,7 +84,7 @@ def subgraph_reads(node: ir.Node) -> list[ir.Value]:
     has just left its graph (vmap swaps batched graph inputs before it walks the nodes).
     """
     reads: list[ir.Value] = []
-    if not node.attributes.data:
+    if not node._attributes.data:
         return reads  # asked of every node of a sweep: most have no attribute, so no body
     for g in graph_attributes(node):
         inside = {v for n in g.all_nodes() for v in n.outputs} | {

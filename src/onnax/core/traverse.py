@@ -15,6 +15,8 @@ from collections.abc import Iterator
 
 import onnx_ir as ir
 
+from onnax.core.fast_nodes import node_list
+
 __all__ = [
     "all_nodes",
     "bodies",
@@ -33,7 +35,7 @@ def bodies(node: ir.Node) -> list[ir.Graph]:
     """The graphs held by the node's attributes, in attribute order."""
     found: list[ir.Graph] = []
     # The dict under the UserDict: its values() is a C loop, UserDict's a Python generator.
-    for attr in node.attributes.data.values():
+    for attr in node._attributes.data.values():
         kind = attr.type
         if kind is _GRAPH:
             found.append(attr.value)
@@ -103,7 +105,7 @@ def subgraphs(graph: ir.Graph) -> list[ir.Graph]:
     def visit(g: ir.Graph) -> None:
         # A transform walks its model's graphs a few dozen times: a node without attributes
         # (most of a derivative graph) costs one truth test, not a call of bodies().
-        for node in g:
+        for node in node_list(g):
             if not node._attributes.data:  # the slot: a property call per node cost more
                 continue
             for body in bodies(node):
@@ -125,9 +127,9 @@ def all_nodes(graph: ir.Graph) -> Iterator[ir.Node]:
 
     Each node is followed by the nodes of its bodies.
     """
-    for node in graph:
+    for node in node_list(graph):
         yield node
-        if node.attributes.data:  # bodies() only for a node with attributes
+        if node._attributes.data:  # bodies() only for a node with attributes
             for body in bodies(node):
                 yield from all_nodes(body)
 
@@ -152,7 +154,7 @@ def _sorted_and_named(graph: ir.Graph) -> bool:
     # more than the set look-ups), as onnx_ir's properties return them.
     placed: set[ir.Node] = set()
     add = placed.add
-    for node in graph:
+    for node in node_list(graph):
         # bodies() only for a node with attributes: a truth test for most nodes.
         if node._name is None or (node._attributes.data and bodies(node)):
             return False

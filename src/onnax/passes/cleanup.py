@@ -29,6 +29,7 @@ from onnx_shape_inference import OpUsageError, ShapeInferenceError
 
 from onnax.core.batching import detach
 from onnax.core.fast_ir import detach_inputs, new_shape
+from onnax.core.fast_nodes import node_list
 from onnax.core.inference import RANK_GUESSED, infer_shapes
 from onnax.core.name_fix import fix_names_flat
 from onnax.core.subgraphs import graph_attributes
@@ -231,7 +232,7 @@ def _trim(kept: list[ir.Node], outputs: frozenset[ir.Value], opset: int | None) 
     """
     for node in kept:
         trim(node, outputs, opset)
-        for body in graph_attributes(node) if node.attributes.data else ():
+        for body in graph_attributes(node) if node._attributes.data else ():
             _trim(list(reversed(body)), frozenset(body.outputs), opset)
 
 
@@ -349,9 +350,9 @@ def _remove_dead_nodes(graph: ir.Graph, kept: list[ir.Node] | None = None) -> No
     """
     outputs = frozenset(graph.outputs)
     dead = []
-    for node in reversed(list(graph)):
+    for node in reversed(node_list(graph)):
         # graph_attributes only for a node with attributes: a truth test for most nodes.
-        held = graph_attributes(node) if node.attributes.data else ()
+        held = graph_attributes(node) if node._attributes.data else ()
         if _used(node, outputs):
             if kept is not None:
                 kept.append(node)

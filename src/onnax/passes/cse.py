@@ -16,6 +16,7 @@ import operator
 import onnx_ir as ir
 
 from onnax.core.fast_ir import detach_inputs, remove_detached
+from onnax.core.fast_nodes import node_list
 
 __all__ = ["eliminate", "eliminate_common_subexpressions"]
 
@@ -114,7 +115,7 @@ def eliminate(graph: ir.Graph, size_limit: int = SIZE_LIMIT) -> tuple[bool, bool
     duplicates: list[ir.Node] = []
     keyed: set[ir.Node] = set()
     settled = True
-    for node in graph:
+    for node in node_list(graph):
         key = _key(node, size_limit)
         if key is None:
             continue

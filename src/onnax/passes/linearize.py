@@ -19,6 +19,7 @@ import onnx_ir as ir
 
 from onnax.core.diagnostics import check_active_node, missing_rule
 from onnax.core.fast_ir import copy_shape
+from onnax.core.fast_nodes import insert_nodes, node_list
 from onnax.core.registry import jvp_rules
 from onnax.core.selection import is_float
 from onnax.core.subgraphs import BodyHooks, ScopedEmitter, name_values, subgraph_reads
@@ -173,7 +174,7 @@ def linearize_graph(
     )
     em = ScopedEmitter(lin.opset, lin.linear, hooks, lin.tangent)
     tangent = lin.tangent
-    for node in list(graph):
+    for node in node_list(graph):
         if needed is not None and node not in needed:
             continue
         tangents_in = [tangent.get(v) if v is not None else None for v in node.inputs]
@@ -189,7 +190,7 @@ def linearize_graph(
         tangents_out = rule(em, node, tangents_in)
         emitted = em.take()
         if emitted:
-            graph.insert_after(node, emitted)
+            insert_nodes(graph, node, emitted)
             linear = lin.linear
             for n in emitted:
                 for o in n.outputs:

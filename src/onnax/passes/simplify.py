@@ -28,6 +28,7 @@ import onnx_ir as ir
 import onnx_ir.passes as passes
 
 from onnax.core.fast_ir import detach_inputs
+from onnax.core.fast_nodes import node_list
 from onnax.core.inference import RANK_GUESSED
 from onnax.core.static import attr_tensor, constant_of
 from onnax.core.traverse import model_graphs
@@ -94,7 +95,7 @@ class _Sweep:
 
     def run(self, graph: ir.Graph) -> bool:
         modified = False
-        for node in list(graph):
+        for node in node_list(graph):
             if _dropped(node) or node.domain != "":
                 continue  # removed by an earlier rewrite, or not an ONNX operator
             rule = self.rules.get(node.op_type)

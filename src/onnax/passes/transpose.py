@@ -15,12 +15,13 @@ linear values returns their cotangents after those of its explicit inputs, in th
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Container, Sequence
 
 import onnx_ir as ir
 
 from onnax.core.emit import InternalRuleError
 from onnax.core.fast_ir import detach_inputs, remove_detached
+from onnax.core.fast_nodes import insert_nodes, node_list
 from onnax.core.inference import infer_shapes
 from onnax.core.registry import transpose_rules
 from onnax.core.shapes import ShapeOracle, dims_key, expand_input
@@ -69,9 +70,7 @@ def transpose_linear(
         if not message.startswith(f"{lin.transform}: "):
             raise type(err)(f"{lin.transform}: {message}") from None
         raise
-    for t in lin.tangent_inputs:
-        if t in model.graph.inputs:
-            model.graph.inputs.remove(t)
+    _drop_inputs(model.graph, set(lin.tangent_inputs))
     name_values(model)
     return results
 
@@ -96,7 +95,7 @@ def transpose_graph(
     The linear nodes are removed afterwards, and so are the graph inputs that are linear.
     """
     values = [v for v in graph.inputs if v not in lin.linear]
-    values += [v for n in graph for v in n.outputs if v not in lin.linear]
+    values += [v for n in node_list(graph) for v in n.outputs if v not in lin.linear]
     scope_values = [*values, *outer_values]
     oracle = ShapeOracle(scope_values, lin.tangent_of)
 
@@ -166,9 +165,9 @@ def transpose_graph(
             for value, ct in zip(captured, extra, strict=True):
                 if ct is not None:
                     accumulate(value, ct)
-        graph.extend(em.take())
+        insert_nodes(graph, None, em.take())
     results = [cotangent.get(w) for w in wanted]
-    graph.extend(em.take())
+    insert_nodes(graph, None, em.take())
     _remove_linear(graph, lin)
     return results
 
@@ -193,5 +192,15 @@ def _remove_linear(graph: ir.Graph, lin: Linearization) -> None:
         # Only a body can output linear values (its tangents); its rule sets new outputs.
         graph.outputs.remove(v)
     remove_detached(graph, lin.linear_nodes)  # remove(safe=True) of nodes detached above
-    for t in [v for v in graph.inputs if v in lin.linear]:
-        graph.inputs.remove(t)
+    _drop_inputs(graph, lin.linear)
+
+
+def _drop_inputs(graph: ir.Graph, dropped: Container[ir.Value]) -> None:
+    """Removes every graph input in ``dropped``, keeping the others in order.
+
+    In one assignment: a gradient w.r.t. every weight has a tangent input per weight, and a
+    ``remove`` of each scanned and shifted the list (quadratic in the weights).
+    """
+    inputs = graph.inputs
+    if any(v in dropped for v in inputs):
+        inputs[:] = [v for v in inputs if v not in dropped]
