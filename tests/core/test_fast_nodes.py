@@ -6,7 +6,7 @@ import onnx_ir as ir
 import pytest
 
 from onnax.core import fast_nodes
-from onnax.core.fast_nodes import insert_nodes, node_list
+from onnax.core.fast_nodes import _state, insert_nodes, node_list
 
 
 def _graph() -> tuple[ir.Graph, list[ir.Node]]:
@@ -16,19 +16,6 @@ def _graph() -> tuple[ir.Graph, list[ir.Node]]:
         nodes.append(ir.Node("", op, [nodes[-1].outputs[0]]))
     graph = ir.Graph([x], [nodes[-1].outputs[0]], nodes=nodes, opset_imports={"": 21})
     return graph, nodes
-
-
-def _state(graph: ir.Graph) -> tuple[object, ...]:
-    authority = graph._name_authority
-    return (
-        [(n.name, n.graph is graph, [v.name for v in n.outputs]) for n in graph],
-        [n.name for n in reversed(graph)],
-        len(graph),
-        authority._node_counter,
-        authority._value_counter,
-        sorted(authority._node_names),
-        sorted(authority._value_names),
-    )
 
 
 def test_the_direct_forms_are_in_use() -> None:
