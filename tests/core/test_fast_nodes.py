@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import numpy as np
 import onnx_ir as ir
 import pytest
 
@@ -76,3 +77,23 @@ def test_the_slots_hot_walks_read_are_what_the_properties_return() -> None:
     assert [a._type for a in node._attributes.data.values()] == [
         a.type for a in node.attributes.values()
     ]
+
+
+def test_the_value_slots_hot_walks_read_are_what_the_properties_return() -> None:
+    # inferred's records and checks read a value's slots directly for every output.
+    tensor = ir.tensor(np.ones((2, 3), np.float32))
+    c = ir.Value(name="c", const_value=tensor)
+    x = ir.Value(name="x", type=ir.TensorType(ir.DataType.FLOAT), shape=ir.Shape([2, "n"]))
+    node = ir.Node("", "Add", [x, c])
+    y = node.outputs[0]
+    y.shape = ir.Shape([2, 3])
+    y.type = ir.TensorType(ir.DataType.FLOAT)
+    graph = ir.Graph([x], [y], nodes=[node], opset_imports={"": 21})
+    for v in (x, c, y):
+        assert v._shape is v.shape
+        assert v._type is v.type
+        assert v._const_value is v.const_value
+        assert v._is_graph_output == v.is_graph_output()
+        if v.shape is not None:
+            assert tuple(v._shape._dims) == v.shape.dims
+    assert y._is_graph_output and graph.outputs[0] is y
